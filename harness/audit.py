@@ -1,0 +1,114 @@
+"""Audit records: one per compared output, plain Python values only.
+
+Records travel from xdist workers to the controller inside report.user_properties, so every
+value must be a builtin: a NumPy or torch scalar breaks the transport (INTERNALERROR, and an
+exit code of 0). Non-finite floats are stored as the strings "inf" / "nan" so the JSON stays
+standard.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+from collections import defaultdict
+
+PROPERTY = "kernelcheck"       # user_properties name that carries a record (as a JSON string)
+LOOSE_HEADROOM = 100.0         # a budget this far above the worst error could hide a bug
+TIGHT_HEADROOM = 1.5           # a budget this close to the worst error will flake
+
+
+def _num(v):
+    if v is None:
+        return None
+    v = float(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def num(v) -> float:
+    """Read back a number written by _num."""
+    return math.nan if v is None else float(v)
+
+
+def make_record(outcome, check, test_id: str) -> dict:
+    case = outcome.case
+    rec = {
+        "op": case.op, "dtype": case.dtype, "output": check.output,
+        "backend": outcome.backend.key, "case": case.id, "case_json": case.to_json(),
+        "config": case.config, "layout": case.layout, "values": case.values,
+        "shape": [int(s) for s in check.shape], "test": test_id,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "passed": bool(check.passed), "problem": check.problem,
+        "max_abs_err": _num(check.max_abs_err), "max_rel_err": _num(check.max_rel_err),
+        "rel_fro_err": _num(check.rel_fro_err), "ref_max_abs_err": _num(check.ref_max_abs_err),
+        "usage": _num(check.usage),
+    }
+    rec.update({k: (_num(v) if isinstance(v, float) else v) for k, v in outcome.budget.as_record().items()})
+    return rec
+
+
+def encode(record: dict) -> str:
+    return json.dumps(record, sort_keys=True, allow_nan=False)
+
+
+def decode(text: str) -> dict:
+    return json.loads(text)
+
+
+def summarize(records: list) -> list:
+    """One row per (op, dtype), sorted."""
+    groups = defaultdict(list)
+    for r in records:
+        if not r.get("gap"):                 # records of a declared gap (strict xfail) are not judged
+            groups[(r["op"], r["dtype"])].append(r)
+    rows = []
+    for (op, dtype), recs in sorted(groups.items()):
+        worst = max(recs, key=lambda r: num(r["usage"]))
+        usage = num(worst["usage"])
+        failures = sum(not r["passed"] for r in recs)
+        headroom = math.inf if usage == 0 else 1.0 / usage
+        if failures:
+            flag = "FAIL"
+        elif headroom > LOOSE_HEADROOM:
+            flag = "LOOSE"
+        elif headroom < TIGHT_HEADROOM:
+            flag = "TIGHT"
+        else:
+            flag = ""
+        rows.append({
+            "op": op, "dtype": dtype, "cases": len({r["case"] for r in recs}), "checks": len(recs),
+            "failures": failures,
+            "max_abs_err": max(num(r["max_abs_err"]) for r in recs),
+            "max_rel_err": max(num(r["max_rel_err"]) for r in recs),
+            "atol": worst["atol"], "rtol": worst["rtol"], "ref_ratio": worst["ref_ratio"],
+            "headroom": headroom, "worst_case": worst["case"], "flag": flag,
+        })
+    return rows
+
+
+def format_table(rows: list) -> str:
+    head = ["op", "dtype", "cases", "fail", "max abs err", "max rel err", "atol", "rtol", "ratio",
+            "headroom", "flag", "worst case"]
+    body = []
+    for r in rows:
+        body.append([r["op"], r["dtype"], str(r["cases"]), str(r["failures"]), f"{r['max_abs_err']:.3g}",
+                     f"{r['max_rel_err']:.3g}", f"{num(r['atol']):.3g}", f"{num(r['rtol']):.3g}",
+                     "-" if r["ref_ratio"] is None else f"{num(r['ref_ratio']):g}",
+                     "inf" if math.isinf(r["headroom"]) else f"{r['headroom']:.3g}", r["flag"], r["worst_case"]])
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in body]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def write_json(path, records: list, meta: dict) -> None:
+    doc = {"meta": {**meta, "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+           "summary": [{**r, "headroom": _num(r["headroom"])} for r in summarize(records)],
+           "records": records}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True, allow_nan=False)
+        f.write("\n")

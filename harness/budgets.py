@@ -1,0 +1,149 @@
+"""Load and validate `tolerances.toml`: one budget per registered op and dtype.
+
+Layout of the file:
+
+    [rmsnorm.float16]              # op name, then dtype
+    atol = 1e-5                    # |y - o| <= atol + rtol * |o|, elementwise
+    rtol = 1e-3
+    ref_ratio = 2.0                # optional: max|y - o| <= ref_ratio * max|r - o| + ref_floor
+    ref_floor = 1e-4               # required with ref_ratio
+    reason = "why these numbers (measured how)"
+
+    [rmsnorm.bfloat16.interpreter] # optional override for one backend ("interpreter" or "gpu")
+    rtol = 1.2e-2
+    reason = "why this backend differs"
+
+Any unknown op, dtype or key, a missing budget, or a value that is not a finite number >= 0
+is an error that names the file, the table and the key.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import registry
+
+NUMBER_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor")
+BACKEND_TABLES = ("interpreter", "gpu")
+
+
+class BudgetError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Budget:
+    atol: float
+    rtol: float
+    reason: str
+    table: str                     # e.g. "rmsnorm.float16" or "rmsnorm.bfloat16.interpreter"
+    ref_ratio: float | None = None
+    ref_floor: float = 0.0
+
+    def describe(self) -> str:
+        s = f"atol {self.atol:g}, rtol {self.rtol:g}"
+        if self.ref_ratio is not None:
+            s += f", ref_ratio {self.ref_ratio:g} (+{self.ref_floor:g})"
+        return s
+
+    def as_record(self) -> dict:
+        return {"atol": self.atol, "rtol": self.rtol, "ref_ratio": self.ref_ratio,
+                "ref_floor": self.ref_floor, "budget_table": self.table}
+
+
+def _number(path, table, key, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BudgetError(f"{path}: [{table}] key '{key}': expected a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise BudgetError(f"{path}: [{table}] key '{key}': expected a finite number >= 0, got {value!r}")
+    return value
+
+
+def _fields(path, table, body: dict, *, allow_backends: bool, required: tuple) -> dict:
+    allowed = (*NUMBER_KEYS, "reason", *(BACKEND_TABLES if allow_backends else ()))
+    for key in body:
+        if key not in allowed:
+            raise BudgetError(f"{path}: [{table}] key '{key}': unknown key; expected one of {', '.join(allowed)}")
+    for key in required:
+        if key not in body:
+            raise BudgetError(f"{path}: [{table}] key '{key}': missing")
+    out = {k: _number(path, table, k, body[k]) for k in NUMBER_KEYS if k in body}
+    reason = body.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise BudgetError(f"{path}: [{table}] key 'reason': expected a non-empty string, got {reason!r}")
+    out["reason"] = reason.strip()
+    return out
+
+
+def _budget(path, table, fields: dict) -> Budget:
+    if ("ref_ratio" in fields) != ("ref_floor" in fields):
+        raise BudgetError(f"{path}: [{table}] keys 'ref_ratio' and 'ref_floor': give both or neither")
+    return Budget(atol=fields["atol"], rtol=fields["rtol"], reason=fields["reason"], table=table,
+                  ref_ratio=fields.get("ref_ratio"), ref_floor=fields.get("ref_floor", 0.0))
+
+
+class Budgets:
+    """Validated budgets: `budgets.get(op, dtype, backend_name)`."""
+
+    def __init__(self, path: Path, base: dict, overrides: dict):
+        self.path = path
+        self._base = base            # (op, dtype) -> Budget
+        self._overrides = overrides  # (op, dtype, backend) -> Budget
+
+    def get(self, op: str, dtype: str, backend: str) -> Budget:
+        try:
+            return self._overrides.get((op, dtype, backend)) or self._base[(op, dtype)]
+        except KeyError:
+            raise KeyError(f"{self.path}: no budget for [{op}.{dtype}]") from None
+
+    def items(self):
+        return self._base.items()
+
+
+def load(path: str | Path, op_dtypes: dict | None = None) -> Budgets:
+    """Parse and validate; `op_dtypes` maps op name -> dtypes (the registry's by default)."""
+    path = Path(path)
+    if op_dtypes is None:
+        op_dtypes = {op: registry.dtypes(op) for op in registry.OPS}
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise BudgetError(f"{path}: file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BudgetError(f"{path}: not valid TOML: {e}") from None
+
+    base, overrides = {}, {}
+    for op, op_table in data.items():
+        if op not in op_dtypes:
+            raise BudgetError(f"{path}: [{op}]: unknown op; registered ops: {', '.join(op_dtypes)}")
+        if not isinstance(op_table, dict):
+            raise BudgetError(f"{path}: [{op}]: expected a table of dtypes, got {op_table!r}")
+        for dtype, body in op_table.items():
+            table = f"{op}.{dtype}"
+            if dtype not in op_dtypes[op]:
+                raise BudgetError(f"{path}: [{table}]: {op} is not checked in dtype '{dtype}'; "
+                                  f"expected one of {', '.join(op_dtypes[op])}")
+            if not isinstance(body, dict):
+                raise BudgetError(f"{path}: [{table}]: expected a table, got {body!r}")
+            fields = _fields(path, table, body, allow_backends=True, required=("atol", "rtol", "reason"))
+            budget = base[(op, dtype)] = _budget(path, table, fields)
+            for backend in BACKEND_TABLES:
+                if backend in body:
+                    sub_table = f"{table}.{backend}"
+                    if not isinstance(body[backend], dict):
+                        raise BudgetError(f"{path}: [{sub_table}]: expected a table")
+                    sub = _fields(path, sub_table, body[backend], allow_backends=False, required=())
+                    merged = {k: getattr(budget, k) for k in NUMBER_KEYS if getattr(budget, k) is not None}
+                    if budget.ref_ratio is None:
+                        merged.pop("ref_floor", None)
+                    merged.update(sub)
+                    overrides[(op, dtype, backend)] = _budget(path, sub_table, merged)
+    for op, dts in op_dtypes.items():
+        for dtype in dts:
+            if (op, dtype) not in base:
+                raise BudgetError(f"{path}: [{op}.{dtype}]: missing; every registered op and dtype needs a budget")
+    return Budgets(path, base, overrides)

@@ -1,0 +1,127 @@
+"""Judge a kernel output against its float64 oracle (and the same-dtype reference).
+
+Rules, all of which must hold:
+  1. same shape;
+  2. non-finite agreement: NaN exactly where the oracle is NaN, the oracle's infinities
+     (with sign) where it has them, and no non-finite value where the oracle is finite. An
+     oracle value beyond the output dtype's range is expected as the infinity it rounds to;
+  3. elementwise: |y - o| <= atol + rtol * |o| wherever both are finite. An op may name a
+     larger per-element magnitude than |o| for the rtol term (`scale`): RoPE uses the length
+     of the rotated pair, since a*cos - b*sin can cancel to far below |a| and |b| while its
+     rounding error stays proportional to them;
+  4. where the budget names ref_ratio: max|y - o| <= ref_ratio * max|r - o| + ref_floor, with r
+     the reference in the same dtype (FlashAttention's criterion; the floor keeps it alive when
+     the reference happens to be exact).
+
+`usage` is the largest error as a fraction of what the budget allows (1.0 = at the limit);
+headroom = 1 / usage.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from harness.budgets import Budget
+
+
+@dataclass
+class Check:
+    output: str
+    passed: bool
+    problem: str | None           # None when passed; else a one-line reason
+    shape: tuple
+    numel: int
+    max_abs_err: float
+    max_rel_err: float
+    rel_fro_err: float
+    ref_max_abs_err: float | None
+    usage: float                  # max over the rules of error / allowed
+    worst_index: tuple | None
+    worst_got: float | None
+    worst_expected: float | None
+    bad_count: int = 0
+
+    @property
+    def headroom(self) -> float:
+        return math.inf if self.usage == 0 else 1.0 / self.usage
+
+
+def _index(flat_idx: int, shape) -> tuple:
+    idx = []
+    for s in reversed(shape):
+        idx.append(flat_idx % s)
+        flat_idx //= s
+    return tuple(reversed(idx))
+
+
+def _f(v: torch.Tensor) -> float:
+    return float(v.item())
+
+
+def compare(output: str, got: torch.Tensor, expected: torch.Tensor, budget: Budget,
+            ref: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> Check:
+    shape = tuple(expected.shape)
+    if tuple(got.shape) != shape:
+        return Check(output, False, f"shape {tuple(got.shape)} != expected {shape}", shape, expected.numel(),
+                     math.inf, math.inf, math.inf, None, math.inf, None, None, None)
+    y = got.detach().to("cpu", torch.float64).reshape(-1)
+    o = expected.detach().to("cpu", torch.float64).reshape(-1)
+    n = o.numel()
+    # An oracle value the output dtype cannot hold is expected as the infinity it rounds to.
+    rounded = o.to(got.dtype).to(torch.float64)
+    o = torch.where(torch.isfinite(o) & torch.isinf(rounded), rounded, o)
+
+    both = torch.isfinite(o) & torch.isfinite(y)
+    err = torch.where(both, (y - o).abs(), torch.zeros_like(o))
+    magnitude = o.abs() if scale is None else scale.detach().to("cpu", torch.float64).reshape(-1)
+    allowed = budget.atol + budget.rtol * magnitude
+    usage_elem = torch.where(err > 0, err / allowed, torch.zeros_like(err))  # err/0 -> inf, as it should
+    usage_elem = torch.nan_to_num(usage_elem, nan=math.inf)                   # a NaN allowance never passes
+    max_abs = _f(err.max()) if n else 0.0
+    floor = max(budget.atol, torch.finfo(got.dtype).smallest_normal)
+    max_rel = _f(torch.where(both, err / o.abs().clamp_min(floor), 0.0).max()) if n else 0.0
+    norm_o = float(torch.linalg.vector_norm(torch.where(both, o, 0.0)))
+    norm_e = float(torch.linalg.vector_norm(err))
+    rel_fro = norm_e / norm_o if norm_o > 0 else (0.0 if norm_e == 0 else math.inf)
+
+    ref_err = None
+    if ref is not None:
+        r = ref.detach().to("cpu", torch.float64).reshape(-1)
+        if r.shape == o.shape:
+            fin_o = torch.isfinite(o)
+            ref_err = math.inf if bool((fin_o & ~torch.isfinite(r)).any()) else (
+                _f(torch.where(fin_o, (r - o).abs(), 0.0).max()) if n else 0.0)
+
+    # Rule 2: non-finite agreement.
+    nan_bad = torch.isnan(o) != torch.isnan(y)
+    inf_bad = (torch.isinf(o) | torch.isinf(y)) & ~torch.isnan(o) & (y != o)
+    nonfinite_bad = nan_bad | inf_bad
+    if bool(nonfinite_bad.any()):
+        k = int(nonfinite_bad.nonzero()[0])
+        count = int(nonfinite_bad.sum())
+        return Check(output, False, f"{count} non-finite mismatch(es): got {_f(y[k])} where the oracle has {_f(o[k])}",
+                     shape, n, max_abs, max_rel, rel_fro, ref_err, math.inf, _index(k, shape), _f(y[k]), _f(o[k]),
+                     count)
+
+    # Rule 3: elementwise budget.
+    usage = _f(usage_elem.max()) if n else 0.0
+    k = int(usage_elem.argmax()) if n else None
+    bad = int((usage_elem > 1).sum()) if n else 0
+    problem = None
+    if usage > 1:
+        problem = (f"{bad} of {n} elements outside atol + rtol*|expected|; worst error "
+                   f"{_f(err[k]):.3g} where {_f(allowed[k]):.3g} is allowed")
+    # Rule 4: error ratio against the reference.
+    if budget.ref_ratio is not None and ref_err is not None and math.isfinite(ref_err):
+        limit = budget.ref_ratio * ref_err + budget.ref_floor
+        ratio_usage = max_abs / limit if limit > 0 else (0.0 if max_abs == 0 else math.inf)
+        if ratio_usage > usage:
+            usage = ratio_usage
+        if ratio_usage > 1 and problem is None:
+            problem = (f"max error {max_abs:.3g} exceeds ref_ratio {budget.ref_ratio:g} x reference error "
+                       f"{ref_err:.3g} + floor {budget.ref_floor:g} = {limit:.3g}")
+    worst = (_index(k, shape), _f(y[k]), _f(o[k])) if k is not None else (None, None, None)
+    return Check(output, problem is None, problem, shape, n, max_abs, max_rel, rel_fro, ref_err, usage,
+                 *worst, bad)

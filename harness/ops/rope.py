@@ -1,0 +1,113 @@
+"""rope and rmsnorm_rope: cases, and how to call kernel / reference / oracle."""
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+import kernels
+import oracles
+import references
+from harness.cases import Case, make_input, make_param
+from harness.op import Op
+from harness.strategies import layouts, lead_shapes, regimes, row_budget, seeds
+
+ROPE_REGIMES = ("normal", "large", "tiny", "outlier", "nonfinite")
+HEAD_DIMS = (40, 64, 72, 80, 96, 111, 128, 160, 256)   # the catalogue's odd head dims among them
+POSITIONS = {"small": (0, 4096), "large": (100_000, 1_000_001), "any": (-(2**20), 2**20)}
+
+
+class RopeOp(Op):
+    norm = False
+
+    def inputs(self, case, device):
+        gen = case.generator()
+        B, T, H, D = case.shape
+        x = make_input(case.shape, case.dtype, gen, device, values=case.values, layout=case.layout)
+        lo, hi = POSITIONS[case.param("positions", "small")]
+        positions = torch.randint(lo, hi, (B, T), generator=gen, dtype=torch.int64)
+        if case.layout == "broadcast":          # the same positions for every sequence: stride 0
+            positions = positions[:1].expand(B, T)
+        inp = {"x": x, "positions": positions.to(device), "theta": case.param("theta", 10000.0),
+               "rotary_dim": case.param("rotary_dim", D), "style": case.param("style", "neox")}
+        if self.norm:
+            inp["w"] = make_param((D,), case.dtype, gen, device, mean=1.0, std=0.5, strided=case.layout == "sliced")
+            inp["eps"] = case.param("eps", 1e-6)
+        return inp
+
+    def error_scale(self, inputs, expected):
+        """rtol is relative to the length of each rotated pair (pass-through dims: |y|)."""
+        (y,) = expected
+        scale = y.abs().clone()
+        half = inputs["rotary_dim"] // 2
+        i = torch.arange(half)
+        a, b = (i, i + half) if inputs["style"] == "neox" else (2 * i, 2 * i + 1)
+        length = torch.hypot(y[..., a], y[..., b])
+        scale[..., a] = length
+        scale[..., b] = length
+        return (scale,)
+
+    def cases(self, dtype, size, config):
+        @st.composite
+        def draw_case(draw):
+            D = draw(st.one_of(st.integers(2, 40 if size == "small" else 300), st.sampled_from(HEAD_DIMS)))
+            B, T, H = draw(lead_shapes(row_budget(size, D), min_dims=3, max_dims=3))
+            even = D - D % 2
+            rotary = draw(st.one_of(st.just(even), st.integers(1, even // 2).map(lambda h: 2 * h)))
+            params = {"rotary_dim": rotary, "style": draw(st.sampled_from(("neox", "gptj"))),
+                      "theta": draw(st.sampled_from((10000.0, 500000.0, 1e6))),
+                      "positions": draw(st.sampled_from(tuple(POSITIONS)))}
+            if self.norm:
+                params["eps"] = draw(st.sampled_from((1e-6, 1e-5)))
+            return Case.make(self.name, dtype, (B, T, H, D), layout=draw(layouts()),
+                             values=draw(regimes(self.name, dtype, config, ROPE_REGIMES)), seed=draw(seeds()), config=config, **params)
+        return draw_case()
+
+    def pinned(self, dtype):
+        def case(shape, seed=0, **kw):
+            return Case.make(self.name, dtype, shape, seed=seed, **kw)
+        out = []
+        for style in ("neox", "gptj"):
+            out += [case((2, 3, 2, d), seed=d, style=style, rotary_dim=d - d % 2) for d in HEAD_DIMS]
+            out += [case((2, 3, 2, 64), style=style, rotary_dim=r, seed=r) for r in (2, 32, 62)]   # partial rotary
+            out += [case((2, 4, 3, 128), style=style, positions="large", theta=t) for t in (10000.0, 1e6)]
+        out += [case((1, 1, 1, 2)), case((0, 4, 2, 64)), case((2, 5, 1, 64), positions="any")]
+        # Benchmark-like head counts: 32 query heads of 128 (several heads a program), and 40
+        # heads of 111 (partial rotary, not a power of two).
+        out += [case((1, 2, 32, 128), seed=32), case((1, 2, 40, 111), rotary_dim=96, seed=40)]
+        out += [case((2, 3, 4, 64), layout=lay, seed=1) for lay in ("transposed", "permuted", "sliced", "broadcast", "offset")]
+        out += [case((2, 3, 4, 64), values=v, seed=2) for v in ROPE_REGIMES if v != "normal"]
+        return out
+
+
+class Rope(RopeOp):
+    name = "rope"
+
+    def kernel(self, inp, out, **config):
+        return (kernels.rope(inp["x"], inp["positions"], inp["theta"], inp["rotary_dim"], inp["style"],
+                             out=out["y"], **config),)
+
+    def reference(self, inp):
+        return (references.rope(inp["x"], inp["positions"], inp["theta"], inp["rotary_dim"], inp["style"]),)
+
+    def oracle(self, inp):
+        return (oracles.rope(inp["x"], inp["positions"], inp["theta"], inp["rotary_dim"], inp["style"]),)
+
+
+class RMSNormRope(RopeOp):
+    name = "rmsnorm_rope"
+    norm = True
+
+    def kernel(self, inp, out, **config):
+        return (kernels.rmsnorm_rope(inp["x"], inp["w"], inp["positions"], inp["eps"], inp["theta"], inp["style"],
+                                     inp["rotary_dim"], out=out["y"], **config),)
+
+    def reference(self, inp):
+        return (references.rmsnorm_rope(inp["x"], inp["w"], inp["positions"], inp["eps"], inp["theta"],
+                                        inp["style"], inp["rotary_dim"]),)
+
+    def oracle(self, inp):
+        return (oracles.rmsnorm_rope(inp["x"], inp["w"], inp["positions"], inp["eps"], inp["theta"], inp["style"],
+                                     inp["rotary_dim"]),)
+
+
+OPS = {op.name: op for op in (Rope(), RMSNormRope())}

@@ -1,0 +1,250 @@
+"""The pytest plugin: backend choice, Hypothesis profiles, budgets, options, gaps, and the audit.
+
+Loaded from the top-level conftest.py. Order matters: the backend is selected (and
+TRITON_INTERPRET set) in pytest_configure, before any test module imports `kernels`.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from harness import audit, backend as backends, budgets as budget_file, gaps, registry, strategies
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Hypothesis profiles. Registered at import, before Hypothesis's own plugin loads one.
+#   ci:      derandomized (the same cases every run), small shapes, few examples: the interpreter.
+#   gpu:     derandomized, larger shapes, more examples: a GPU runner.
+#   nightly: fresh random examples every run, with Hypothesis's example database.
+_COMMON = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                      HealthCheck.function_scoped_fixture])
+try:
+    _ci_parent = settings.get_profile("ci")
+except Exception:               # older Hypothesis without a built-in ci profile
+    _ci_parent = settings.default
+settings.register_profile("ci", parent=_ci_parent, max_examples=10, derandomize=True, database=None, **_COMMON)
+settings.register_profile("gpu", max_examples=60, derandomize=True, database=None, **_COMMON)
+settings.register_profile("nightly", max_examples=1000, derandomize=False, **_COMMON)
+
+
+@dataclass
+class State:
+    backend: backends.Backend
+    budgets: budget_file.Budgets
+    profile: str
+    n_kernels: int
+    records: list = field(default_factory=list)
+    gap_hits: Counter = field(default_factory=Counter)
+    unaudited: list = field(default_factory=list)   # audited tests that passed with no record
+
+
+_STATE = pytest.StashKey[State]()
+
+
+def state(config) -> State:
+    return config.stash[_STATE]
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kernelcheck", "kernel numerics suite")
+    group.addoption("--backend", default=os.environ.get("KERNELCHECK_BACKEND", "auto"),
+                    choices=backends.BACKENDS, help="where kernels run (default: gpu if CUDA is available)")
+    group.addoption("--op", action="append", default=[], metavar="OP[,OP]",
+                    help="run only the checks of these ops (repeatable)")
+    group.addoption("--dtype", action="append", default=[], metavar="DTYPE[,DTYPE]",
+                    help="run only the checks in these dtypes (repeatable)")
+    group.addoption("--audit-json", default=None, metavar="PATH", help="write every audit record to PATH")
+    group.addoption("--tolerances", default=str(ROOT / "tolerances.toml"), metavar="PATH",
+                    help="the budgets file (default: tolerances.toml at the repository root)")
+
+
+def _split(values) -> list:
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "op(name): the test checks this registered op")
+    config.addinivalue_line("markers", "audited: the test records audit entries through the check fixture")
+    try:
+        chosen = backends.select(config.getoption("backend"))
+        n_kernels = backends.verify_kernels(chosen)
+    except backends.BackendError as e:
+        raise pytest.UsageError(str(e)) from None
+    if chosen.name == "interpreter":
+        from harness import oob_guard
+        oob_guard.install()
+    try:
+        budgets = budget_file.load(config.getoption("tolerances"))
+    except budget_file.BudgetError as e:
+        raise pytest.UsageError(str(e)) from None
+
+    for op in _split(config.getoption("op")):
+        if op not in registry.OPS:
+            raise pytest.UsageError(f"--op {op}: unknown op; registered: {', '.join(registry.OPS)}")
+    for dtype in _split(config.getoption("dtype")):
+        if dtype not in registry.FLOATS:
+            raise pytest.UsageError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(registry.FLOATS)}")
+
+    profile = config.getoption("hypothesis_profile", None)
+    if profile is None:
+        profile = "ci" if chosen.name == "interpreter" else "gpu"
+        settings.load_profile(profile)
+    strategies.configure("small" if profile == "ci" or chosen.name == "interpreter" else "large",
+                         chosen.name, chosen.versions)
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+        torch.set_num_threads(1)      # n workers x n threads would oversubscribe the cores
+    config.stash[_STATE] = State(chosen, budgets, profile, n_kernels)
+    config.pluginmanager.register(Recorder(config, config.stash[_STATE]), "kernelcheck-recorder")
+
+
+def pytest_report_header(config):
+    s = state(config)
+    v = s.backend.versions
+    return [f"kernelcheck: backend {s.backend.key} ({s.n_kernels} Triton kernels verified), "
+            f"hypothesis profile '{s.profile}', shapes {strategies.size()}",
+            "kernelcheck: " + ", ".join(f"{k} {v[k]}" for k in sorted(v))]
+
+
+def item_meta(item) -> tuple:
+    """(op, dtype, config, values) of a test item, from its `case` / `op` / `dtype` / `config`
+    params or its op marker; None where a test has no such notion."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    case = params.get("case")
+    if case is not None and hasattr(case, "op"):
+        return case.op, case.dtype, case.config, case.values
+    marker = item.get_closest_marker("op")
+    op = params.get("op") or (marker.args[0] if marker else None)
+    return op, params.get("dtype"), params.get("config"), None
+
+
+def pytest_collection_modifyitems(config, items):
+    s = state(config)
+    want_ops, want_dtypes = set(_split(config.getoption("op"))), set(_split(config.getoption("dtype")))
+    keep, drop = [], []
+    for item in items:
+        op, dtype, kconfig, values = item_meta(item)
+        if (want_ops and op not in want_ops) or (want_dtypes and dtype not in want_dtypes):
+            drop.append(item)
+            continue
+        keep.append(item)
+        if "check" in getattr(item, "fixturenames", ()):
+            item.add_marker("audited")
+        if op is not None:
+            gap = gaps.find(s.backend.name, op, dtype, kconfig, s.backend.versions, values)
+            if gap is not None:
+                item.add_marker(pytest.mark.xfail(strict=True, reason=gap.marker_reason()))
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _in_final_example() -> bool:
+    """False while Hypothesis is still searching or shrinking (its failing tries are not
+    recorded; the final replay of the failing example is)."""
+    try:
+        from hypothesis.control import current_build_context
+        return bool(current_build_context().is_final)
+    except Exception:
+        return True
+
+
+@pytest.fixture
+def check(request, record_property):
+    """check(case): run the case, record its audit entries, fail with a full report."""
+    from harness.run import run_case
+
+    s = state(request.config)
+
+    def run(case):
+        outcome = run_case(case, s.backend, s.budgets)
+        final = _in_final_example()
+        for c in outcome.checks:
+            if c.passed or final:
+                record_property(audit.PROPERTY, audit.encode(audit.make_record(outcome, c, request.node.nodeid)))
+        if not outcome.passed:
+            raise AssertionError("\n" + outcome.failure_message())
+        return outcome
+
+    return run
+
+
+@pytest.fixture
+def budgets(request):
+    return state(request.config).budgets
+
+
+@pytest.fixture
+def backend(request):
+    return state(request.config).backend
+
+
+class Recorder:
+    """Collects audit records from every test report (under xdist, on the controller, from
+    the reports the workers send), prints the audit and writes --audit-json."""
+
+    def __init__(self, config, st: State):
+        self.config = config
+        self.s = st
+
+    def pytest_runtest_logreport(self, report):
+        s = self.s
+        wasxfail = getattr(report, "wasxfail", "")
+        if report.when != "call":
+            return
+        gap = wasxfail.split("]")[0].removeprefix("[gap:") if "[gap:" in wasxfail else None
+        if gap:
+            s.gap_hits[gap] += 1
+        recs = [audit.decode(value) for name, value in report.user_properties if name == audit.PROPERTY]
+        for rec in recs:
+            rec["gap"] = gap          # a declared gap's records are kept, but not judged
+        s.records.extend(recs)
+        if report.passed and "audited" in report.keywords and not recs and not wasxfail:
+            s.unaudited.append(report.nodeid)
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        s = self.s
+        if hasattr(self.config, "workerinput"):
+            return                       # xdist worker: the controller reports
+        if s.unaudited and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        path = self.config.getoption("audit_json")
+        if path:
+            meta = {"backend": s.backend.key, "device": s.backend.description, "versions": s.backend.versions,
+                    "profile": s.profile, "args": list(self.config.invocation_params.args),
+                    "exitstatus": int(session.exitstatus)}
+            audit.write_json(path, s.records, meta)
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
+        s, tr = self.s, terminalreporter
+        tr.section(f"kernelcheck audit: {s.backend.key}")
+        rows = audit.summarize(s.records)
+        if rows:
+            tr.write_line(audit.format_table(rows))
+            for flag, limit, what in (("LOOSE", f"> {audit.LOOSE_HEADROOM:g}", "a bug could hide"),
+                                      ("TIGHT", f"< {audit.TIGHT_HEADROOM:g}", "may flake")):
+                names = [f"{r['op']}.{r['dtype']}" for r in rows if r["flag"] == flag]
+                if names:
+                    tr.write_line(f"{flag} (headroom {limit}, {what}): {', '.join(names)}", yellow=True)
+        else:
+            tr.write_line("no audit records")
+        if s.gap_hits:
+            tr.write_line("declared gaps hit (strict xfail): " +
+                          ", ".join(f"{gid} x{n}" for gid, n in sorted(s.gap_hits.items())))
+        for gap in gaps.GAPS:
+            if "*" not in gap.values and gap.active(s.backend.name, s.backend.versions):
+                tr.write_line(f"declared gap {gap.id}: random cases leave out value regime(s) "
+                              f"{', '.join(gap.values)} for {', '.join(gap.ops)} in {', '.join(gap.dtypes)}")
+        if s.unaudited:
+            tr.write_line(f"ERROR: {len(s.unaudited)} audited test(s) passed without any audit record reaching "
+                          f"the controller (first: {s.unaudited[0]}); failing the run", red=True)
+        path = config.getoption("audit_json")
+        if path:
+            tr.write_line(f"audit: {len(s.records)} records written to {path}")

@@ -1,0 +1,35 @@
+"""The registered ops: their names (the `tolerances.toml` keys), dtypes and where their glue lives.
+
+This table imports nothing heavy, so budgets can be validated before the backend is chosen.
+The op classes themselves (harness/ops/*.py) are imported on first use.
+"""
+from __future__ import annotations
+
+import importlib
+
+FLOATS = ("float32", "float16", "bfloat16")
+
+# op name -> (module holding its Op class, dtypes it is checked in)
+OPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "rmsnorm": ("harness.ops.norms", FLOATS),
+    "layernorm": ("harness.ops.norms", FLOATS),
+    "add_rmsnorm": ("harness.ops.norms", FLOATS),
+    "rope": ("harness.ops.rope", FLOATS),
+    "rmsnorm_rope": ("harness.ops.rope", FLOATS),
+    "softmax": ("harness.ops.softmax", FLOATS),
+}
+
+
+def dtypes(op: str) -> tuple[str, ...]:
+    return OPS[op][1]
+
+
+def get(op: str):
+    """The Op object for `op` (imports its module, and with it the kernels)."""
+    if op not in OPS:
+        raise KeyError(f"unknown op {op!r}; registered: {', '.join(OPS)}")
+    module = importlib.import_module(OPS[op][0])
+    spec = module.OPS[op]
+    if tuple(spec.dtypes) != OPS[op][1]:
+        raise RuntimeError(f"{op}: dtypes in {OPS[op][0]} {spec.dtypes} differ from the registry {OPS[op][1]}")
+    return spec

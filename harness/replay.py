@@ -1,0 +1,43 @@
+"""Replay one case outside pytest: `python -m harness.replay '<case json>'`.
+
+Every failure message ends with this command. It rebuilds the same inputs from the case's
+seed, runs kernel, reference and oracle on the current backend, and prints the comparison.
+Exit code 0 when every output is within budget, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from harness import backend as backends, budgets as budget_file
+from harness.cases import Case
+from harness.plugin import ROOT
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.replay", description=__doc__.splitlines()[0])
+    parser.add_argument("case", help="the case as JSON, as printed in a failure message")
+    parser.add_argument("--backend", default="auto", choices=backends.BACKENDS)
+    parser.add_argument("--tolerances", default=str(ROOT / "tolerances.toml"))
+    args = parser.parse_args(argv)
+
+    chosen = backends.select(args.backend)
+    if chosen.name == "interpreter":
+        from harness import oob_guard
+        oob_guard.install()
+    from harness.run import describe, run_case
+
+    case = Case.from_json(args.case)
+    outcome = run_case(case, chosen, budget_file.load(args.tolerances))
+    print(f"{case.id} on {chosen.key}")
+    for c in outcome.checks:
+        if c.passed:
+            print(f"  output '{c.output}': ok, max abs {c.max_abs_err:.4g}, max rel {c.max_rel_err:.4g}, "
+                  f"error/allowed {c.usage:.3g} ({outcome.budget.describe()})")
+        else:
+            print(describe(outcome, c))
+    return 0 if outcome.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Run one case: build inputs, run kernel / reference / oracle, compare, describe."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from harness import registry
+from harness.backend import Backend
+from harness.budgets import Budget, Budgets
+from harness.cases import Case, poisoned
+from harness.compare import Check, compare
+
+
+@dataclass
+class Outcome:
+    case: Case
+    budget: Budget
+    backend: Backend
+    checks: list
+    layouts: dict = field(default_factory=dict)  # input name -> (shape, strides, storage offset)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def failure_message(self) -> str:
+        return "\n".join(describe(self, c) for c in self.checks if not c.passed)
+
+
+def _layouts(inputs: dict) -> dict:
+    return {name: (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            for name, t in inputs.items() if isinstance(t, torch.Tensor)}
+
+
+def run_case(case: Case, backend: Backend, budgets: Budgets) -> Outcome:
+    op = registry.get(case.op)
+    if case.dtype not in op.dtypes:
+        raise ValueError(f"{case.op} is not checked in {case.dtype}")
+    if case.config not in op.configs:
+        raise ValueError(f"{case.op}: unknown config {case.config!r}; expected one of {', '.join(op.configs)}")
+    budget = budgets.get(case.op, case.dtype, backend.name)
+    inputs = op.inputs(case, backend.device)
+    out = {name: poisoned(shape, case.torch_dtype, backend.device)
+           for name, shape in op.output_shapes(inputs).items()}
+    got = op.kernel(inputs, out, **op.configs[case.config])
+    if backend.device == "cuda":
+        torch.cuda.synchronize()
+    ref = op.reference(inputs)
+    expected = op.oracle(inputs)
+    scales = op.error_scale(inputs, expected)
+    checks = [compare(name, g, e, budget, r, sc) for name, g, e, r, sc in zip(op.outputs, got, expected, ref, scales)]
+    return Outcome(case, budget, backend, checks, _layouts(inputs))
+
+
+def _g(v) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def describe(outcome: Outcome, check: Check) -> str:
+    case = outcome.case
+    lines = [f"{case.op} {case.dtype} output '{check.output}' FAILED on {outcome.backend.key}: {check.problem}",
+             f"  case     {case.id}"]
+    for name, (shape, strides, offset) in outcome.layouts.items():
+        lines.append(f"  input    {name}: shape {shape} strides {strides} storage offset {offset}")
+    if check.worst_index is not None:
+        lines.append(f"  worst    {check.output}{list(check.worst_index)}: got {check.worst_got!r}, "
+                     f"expected {check.worst_expected!r}")
+    lines.append(f"  errors   max abs {_g(check.max_abs_err)}, max rel {_g(check.max_rel_err)}, "
+                 f"rel frobenius {_g(check.rel_fro_err)}; reference max abs {_g(check.ref_max_abs_err)}")
+    usage = "inf" if math.isinf(check.usage) else f"{check.usage:.3g}"
+    lines.append(f"  budget   {outcome.budget.describe()} [{outcome.budget.table}]; error/allowed = {usage}")
+    lines.append(f"  replay   {case.replay_command()}")
+    return "\n".join(lines)
