@@ -1,0 +1,111 @@
+"""Row softmax with a scale and an optional bottom-right-aligned causal mask.
+
+softmax(x[..., M, N] * scale) over the last dim. With causal=True, column j is visible from row
+i iff j <= i + (N - M) (the mask FlashAttention uses when queries are the last M of N keys); a
+row that sees no column is all zeros. NaN and +-inf inputs propagate as the float64 formula
+exp(s - max s) / sum exp(s - max s) says (a row of only -inf is NaN, like torch.softmax).
+
+The exponent is taken of scale * (x - max x): the difference of two inputs is exact or nearly,
+so the result keeps fp32 accuracy however large the logits are, where rounding x * scale
+first would lose |x * scale| * 2^-24 in the exponent.
+
+Rows up to MAX_FUSED_BLOCK columns are held in registers (one read); longer rows use an
+online max/sum pass and a second, writing pass.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import check_finite, check_tensor, leading_layout, new_out, row_tile
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, n_rows, M, N, n1, n2, xs0, xs1, xs2, xsn, scale_log2e,
+                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    SINGLE_PASS: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    i2 = rows % n2
+    rest = rows // n2
+    x_row = ((rest // n1) * xs0 + (rest % n1) * xs1 + i2 * xs2)[:, None]
+    y_row = (rows * N)[:, None]
+    if CAUSAL:
+        # Last visible column of each row; -1 or less means the row sees nothing.
+        last = (rows % M) + (N - M)
+    else:
+        last = tl.full([BLOCK_M], N - 1, tl.int64)
+    nothing_visible = (last < 0)[:, None]
+    cols = tl.arange(0, BLOCK_N)
+    if SINGLE_PASS:
+        in_row = row_ok[:, None] & (cols < N)[None, :]
+        # The load mask stays uniform over 16-byte runs (vector loads); the causal mask, which
+        # is not, is applied after the load.
+        x = tl.load(x_ptr + x_row + cols[None, :].to(tl.int64) * xsn, mask=in_row, other=-float("inf"))
+        x = x.to(tl.float32)
+        if CAUSAL:
+            x = tl.where(cols[None, :] <= last[:, None], x, -float("inf"))
+        row_max = tl.max(x, axis=1)[:, None]
+        e = tl.exp2((x - row_max) * scale_log2e)
+        p = e * (1.0 / tl.sum(e, axis=1))[:, None]     # one division per row, not per element
+        p = tl.where(nothing_visible, 0.0, p)
+        tl.store(y_ptr + y_row + cols[None, :], p.to(y_ptr.dtype.element_ty), mask=in_row)
+    else:
+        row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
+        row_sum = tl.zeros([BLOCK_M], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            in_row = row_ok[:, None] & (c < N)[None, :]
+            x = tl.load(x_ptr + x_row + c[None, :].to(tl.int64) * xsn, mask=in_row, other=-float("inf"))
+            x = x.to(tl.float32)
+            if CAUSAL:
+                x = tl.where(c[None, :] <= last[:, None], x, -float("inf"))
+            new_max = tl.maximum(row_max, tl.max(x, axis=1))
+            # Rescale the running sum; while the max is still -inf nothing has been summed.
+            alpha = tl.where(new_max == -float("inf"), 0.0, tl.exp2((row_max - new_max) * scale_log2e))
+            e = tl.exp2((x - new_max[:, None]) * scale_log2e)
+            e = tl.where(new_max[:, None] == -float("inf"), 0.0, e)
+            row_sum = row_sum * alpha + tl.sum(e, axis=1)
+            row_max = new_max
+        row_max = row_max[:, None]
+        inv_sum = 1.0 / row_sum[:, None]
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            in_row = row_ok[:, None] & (c < N)[None, :]
+            x = tl.load(x_ptr + x_row + c[None, :].to(tl.int64) * xsn, mask=in_row, other=-float("inf"))
+            x = x.to(tl.float32)
+            if CAUSAL:
+                x = tl.where(c[None, :] <= last[:, None], x, -float("inf"))
+            e = tl.exp2((x - row_max) * scale_log2e)
+            p = tl.where(nothing_visible, 0.0, e * inv_sum)
+            tl.store(y_ptr + y_row + c[None, :], p.to(y_ptr.dtype.element_ty), mask=in_row)
+
+
+def softmax(x: torch.Tensor, scale: float = 1.0, causal: bool = False, *, out: torch.Tensor | None = None,
+            block_cols: int | None = None) -> torch.Tensor:
+    """softmax(x * scale) over the last dim of x[..., M, N]; causal masks bottom-right aligned."""
+    check_tensor("x", x, min_ndim=2 if causal else 1)
+    scale = check_finite("scale", scale, positive=True)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if scale * _LOG2E >= 3.4e38:
+        raise ValueError(f"scale: expected a number below 2e38 (it is used as an fp32), got {scale}")
+    out = new_out(out, x.shape, x.dtype, x.device)
+    if x.numel() == 0:
+        return out
+    N = x.shape[-1]
+    M = x.shape[-2] if x.dim() >= 2 else 1
+    layout = leading_layout(tuple(x.shape[:-1]), x.stride()[:-1])
+    if layout is None:
+        x = x.contiguous()
+        layout = leading_layout(tuple(x.shape[:-1]), x.stride()[:-1])
+    n1, n2, ((xs0, xs1, xs2),) = layout
+    n_rows = x.numel() // N
+    block_m, block_n, single, num_warps = row_tile(N, block_cols)
+    _softmax_kernel[(triton.cdiv(n_rows, block_m),)](
+        x, out, n_rows, M, N, n1, n2, xs0, xs1, xs2, x.stride(-1), scale * _LOG2E,
+        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, num_warps=num_warps)
+    return out

@@ -1,0 +1,11 @@
+"""Float64 ground truth: naive math on upcast inputs, in NumPy.
+
+Oracles share no code and no algorithm with the kernels (no tiling, no online softmax, no
+shifted statistics). Each takes torch tensors, computes in float64 on the CPU, and returns
+float64 torch tensors on the CPU.
+"""
+from oracles.norms import add_rmsnorm, layernorm, rmsnorm
+from oracles.rope import rmsnorm_rope, rope
+from oracles.softmax import softmax
+
+__all__ = ["add_rmsnorm", "layernorm", "rmsnorm", "rmsnorm_rope", "rope", "softmax"]

@@ -1,0 +1,10 @@
+"""What a PyTorch user would write instead of each kernel, run in the input dtype.
+
+References are the baseline for speed and for the error-ratio check (`ref_ratio`): their error
+against the oracle is the rounding that the dtype itself forces on that very input.
+"""
+from references.norms import add_rmsnorm, layernorm, rmsnorm
+from references.rope import rmsnorm_rope, rope
+from references.softmax import softmax
+
+__all__ = ["add_rmsnorm", "layernorm", "rmsnorm", "rmsnorm_rope", "rope", "softmax"]
