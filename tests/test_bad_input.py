@@ -1,0 +1,102 @@
+"""Bad input gets a clear error naming the argument, before any launch; never a wrong answer."""
+import math
+
+import pytest
+import torch
+
+import kernels
+
+
+@pytest.fixture
+def dev(backend):
+    return backend.device
+
+
+def T(*shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(*shape).to(dtype=dtype, device=device)
+
+
+def P(B, T_, device, dtype=torch.int64):
+    return torch.zeros(B, T_, dtype=dtype, device=device)
+
+
+# (op, description, call(device), exception, the argument the message must start with)
+BAD = [
+    # rmsnorm / layernorm / add_rmsnorm
+    ("rmsnorm", "int input", lambda d: kernels.rmsnorm(torch.ones(2, 4, dtype=torch.int32, device=d), T(4, device=d)), TypeError, "x"),
+    ("rmsnorm", "float64 input", lambda d: kernels.rmsnorm(T(2, 4, dtype=torch.float64, device=d), T(4, device=d)), TypeError, "x"),
+    ("rmsnorm", "not a tensor", lambda d: kernels.rmsnorm([[1.0, 2.0]], T(2, device=d)), TypeError, "x"),
+    ("rmsnorm", "0-d input", lambda d: kernels.rmsnorm(torch.tensor(1.0, device=d), T(1, device=d)), ValueError, "x"),
+    ("rmsnorm", "weight length", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(5, device=d)), ValueError, "w"),
+    ("rmsnorm", "weight rank", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(1, 4, device=d)), ValueError, "w"),
+    ("rmsnorm", "weight dtype", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(4, dtype=torch.float16, device=d)), TypeError, "w"),
+    ("rmsnorm", "weight device", lambda d: kernels.rmsnorm(T(2, 4, device=d), torch.empty(4, device="meta")), ValueError, "w"),
+    ("rmsnorm", "eps NaN", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(4, device=d), math.nan), ValueError, "eps"),
+    ("rmsnorm", "eps inf", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(4, device=d), math.inf), ValueError, "eps"),
+    ("rmsnorm", "eps negative", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(4, device=d), -1e-6), ValueError, "eps"),
+    ("rmsnorm", "eps a string", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(4, device=d), "1e-6"), TypeError, "eps"),
+    ("rmsnorm", "out shape", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(4, device=d), out=T(2, 5, device=d)), ValueError, "out"),
+    ("rmsnorm", "out dtype", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(4, device=d), out=T(2, 4, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("rmsnorm", "out strided", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(4, device=d), out=T(4, 2, device=d).t()), ValueError, "out"),
+    ("rmsnorm", "block_cols not a power of two", lambda d: kernels.rmsnorm(T(2, 4, device=d), T(4, device=d), block_cols=3), ValueError, "block_cols"),
+    ("layernorm", "bias length", lambda d: kernels.layernorm(T(2, 4, device=d), T(4, device=d), T(3, device=d)), ValueError, "b"),
+    ("layernorm", "bias dtype", lambda d: kernels.layernorm(T(2, 4, device=d), None, T(4, dtype=torch.bfloat16, device=d)), TypeError, "b"),
+    ("layernorm", "eps NaN", lambda d: kernels.layernorm(T(2, 4, device=d), None, None, math.nan), ValueError, "eps"),
+    ("add_rmsnorm", "residual shape", lambda d: kernels.add_rmsnorm(T(2, 4, device=d), T(3, 4, device=d), T(4, device=d)), ValueError, "residual"),
+    ("add_rmsnorm", "residual dtype", lambda d: kernels.add_rmsnorm(T(2, 4, device=d), T(2, 4, dtype=torch.float16, device=d), T(4, device=d)), TypeError, "residual"),
+    ("add_rmsnorm", "out_residual shape", lambda d: kernels.add_rmsnorm(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_residual=T(8, device=d)), ValueError, "out_residual"),
+    # rope / rmsnorm_rope
+    ("rope", "3-d input", lambda d: kernels.rope(T(2, 3, 4, device=d), P(2, 3, d)), ValueError, "x"),
+    ("rope", "float positions", lambda d: kernels.rope(T(2, 3, 1, 4, device=d), torch.zeros(2, 3, device=d)), TypeError, "positions"),
+    ("rope", "positions shape", lambda d: kernels.rope(T(2, 3, 1, 4, device=d), P(3, 2, d)), ValueError, "positions"),
+    ("rope", "odd rotary_dim", lambda d: kernels.rope(T(2, 3, 1, 8, device=d), P(2, 3, d), rotary_dim=5), ValueError, "rotary_dim"),
+    ("rope", "rotary_dim past D", lambda d: kernels.rope(T(2, 3, 1, 8, device=d), P(2, 3, d), rotary_dim=10), ValueError, "rotary_dim"),
+    ("rope", "odd head dim, full rotary", lambda d: kernels.rope(T(2, 3, 1, 7, device=d), P(2, 3, d)), ValueError, "rotary_dim"),
+    ("rope", "rotary_dim a float", lambda d: kernels.rope(T(2, 3, 1, 8, device=d), P(2, 3, d), rotary_dim=4.0), TypeError, "rotary_dim"),
+    ("rope", "theta zero", lambda d: kernels.rope(T(2, 3, 1, 8, device=d), P(2, 3, d), theta=0.0), ValueError, "theta"),
+    ("rope", "theta inf", lambda d: kernels.rope(T(2, 3, 1, 8, device=d), P(2, 3, d), theta=math.inf), ValueError, "theta"),
+    ("rope", "unknown style", lambda d: kernels.rope(T(2, 3, 1, 8, device=d), P(2, 3, d), style="llama"), ValueError, "style"),
+    ("rope", "positions device", lambda d: kernels.rope(T(2, 3, 1, 8, device=d), torch.zeros(2, 3, dtype=torch.int64, device="meta")), ValueError, "positions"),
+    ("rmsnorm_rope", "weight length", lambda d: kernels.rmsnorm_rope(T(2, 3, 1, 8, device=d), T(4, device=d), P(2, 3, d)), ValueError, "w"),
+    ("rmsnorm_rope", "eps NaN", lambda d: kernels.rmsnorm_rope(T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), math.nan), ValueError, "eps"),
+    ("rmsnorm_rope", "weight dtype", lambda d: kernels.rmsnorm_rope(T(2, 3, 1, 8, device=d), T(8, dtype=torch.float16, device=d), P(2, 3, d)), TypeError, "w"),
+    # softmax
+    ("softmax", "int input", lambda d: kernels.softmax(torch.ones(2, 4, dtype=torch.int64, device=d)), TypeError, "x"),
+    ("softmax", "scale NaN", lambda d: kernels.softmax(T(2, 4, device=d), math.nan), ValueError, "scale"),
+    ("softmax", "scale zero", lambda d: kernels.softmax(T(2, 4, device=d), 0.0), ValueError, "scale"),
+    ("softmax", "scale negative", lambda d: kernels.softmax(T(2, 4, device=d), -1.0), ValueError, "scale"),
+    ("softmax", "scale past fp32", lambda d: kernels.softmax(T(2, 4, device=d), 1e39), ValueError, "scale"),
+    ("softmax", "causal not a bool", lambda d: kernels.softmax(T(2, 4, device=d), 1.0, 1), TypeError, "causal"),
+    ("softmax", "causal on 1-d", lambda d: kernels.softmax(T(4, device=d), 1.0, True), ValueError, "x"),
+    ("softmax", "out shape", lambda d: kernels.softmax(T(2, 4, device=d), out=T(4, 2, device=d)), ValueError, "out"),
+]
+
+
+@pytest.mark.parametrize("op,what,call,exc,arg", [pytest.param(*b, id=f"{b[0]}-{b[1].replace(' ', '_')}",
+                                                               marks=pytest.mark.op(b[0])) for b in BAD])
+def test_bad_input_names_the_argument(op, what, call, exc, arg, dev):
+    with pytest.raises(exc) as info:
+        call(dev)
+    assert str(info.value).startswith(f"{arg}:"), f"message should start with '{arg}:': {info.value}"
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "softmax"])
+def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
+    """A CPU tensor handed to a compiled kernel would be read as a device pointer: refuse it."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x = torch.randn(2, 4)
+    with pytest.raises(ValueError, match="^x: is on the CPU"):
+        kernels.rmsnorm(x, torch.ones(4)) if op == "rmsnorm" else kernels.softmax(x)
+
+
+@pytest.mark.parametrize("op,call", [
+    ("rmsnorm", lambda d: kernels.rmsnorm(T(0, 8, device=d), T(8, device=d))),
+    ("layernorm", lambda d: kernels.layernorm(T(3, 0, device=d))),
+    ("add_rmsnorm", lambda d: kernels.add_rmsnorm(T(0, 8, device=d), T(0, 8, device=d), T(8, device=d))[0]),
+    ("rope", lambda d: kernels.rope(T(0, 3, 2, 8, device=d), P(0, 3, d))),
+    ("rmsnorm_rope", lambda d: kernels.rmsnorm_rope(T(2, 0, 2, 8, device=d), T(8, device=d), P(2, 0, d))),
+    ("softmax", lambda d: kernels.softmax(T(0, 5, device=d), 1.0, True)),
+])
+def test_empty_input_gives_empty_output(op, call, dev):
+    y = call(dev)
+    assert y.numel() == 0

@@ -1,0 +1,199 @@
+"""Budgets that can fail: deliberately wrong outputs must be rejected by every op's budget.
+
+Each mutant is a plausible kernel bug written as float64 math, rounded to the case dtype as a
+kernel's output would be, and judged by the same comparison and budget as the real kernel.
+The real kernel is run on the same case as a control: it must pass where the mutant fails.
+"""
+import numpy as np
+import pytest
+import torch
+
+from harness import registry
+from harness.cases import Case
+from harness.compare import compare
+from harness.run import run_case
+from oracles._np import f64, tensor
+
+
+def _rounded(dtype):
+    """Round float64 NumPy values to a torch dtype and back (NumPy has no bfloat16)."""
+    return lambda a: torch.from_numpy(np.asarray(a, dtype=np.float64)).to(dtype).double().numpy()
+
+
+def _rms(x, w, eps, *, eps_outside=False, no_eps=False, accumulate_in=None):
+    if accumulate_in is not None:       # sequential sum of squares, rounded to a 16-bit float each step
+        r = _rounded(accumulate_in)
+        acc = np.zeros(x.shape[:-1])
+        for k in range(x.shape[-1]):
+            acc = r(acc + r(x[..., k] ** 2))
+        ms = acc[..., None] / x.shape[-1]
+    else:
+        ms = np.mean(x * x, axis=-1, keepdims=True)
+    if eps_outside:
+        return x / (np.sqrt(ms) + eps) * w
+    return x / np.sqrt(ms + (0.0 if no_eps else eps)) * w
+
+
+def _layer(x, w, b, eps, *, ddof=0, eps_outside=False, no_center=False):
+    mean = 0.0 if no_center else np.mean(x, axis=-1, keepdims=True)
+    var = np.var(x, axis=-1, keepdims=True, ddof=ddof)
+    y = (x - mean) / ((np.sqrt(var) + eps) if eps_outside else np.sqrt(var + eps))
+    return y * (1 if w is None else f64(w)) + (0 if b is None else f64(b))
+
+
+def _rope(x, pos, theta, R, style, *, sign=1, pos_shift=0, fp32_angles=False):
+    half = R // 2
+    if fp32_angles:     # HF: fp32 inverse frequencies and fp32 angles
+        inv = (1.0 / (np.float32(theta) ** (np.arange(0, R, 2, dtype=np.float32) / np.float32(R)))).astype(np.float32)
+        ang = (f64(pos).astype(np.float32)[:, :, None] * inv).astype(np.float64)
+    else:
+        ang = (f64(pos) + pos_shift)[:, :, None] * theta ** (-2.0 * np.arange(half) / R)
+    c, s = np.cos(ang)[:, :, None, :], sign * np.sin(ang)[:, :, None, :]
+    i = np.arange(half)
+    a, b = (i, i + half) if style == "neox" else (2 * i, 2 * i + 1)
+    y = x.copy()
+    y[..., a] = x[..., a] * c - x[..., b] * s
+    y[..., b] = x[..., a] * s + x[..., b] * c
+    return y
+
+
+def _softmax(x, scale, M, N, visible_fn, *, masked_rows_nan=False, no_max=False):
+    s = f64(x) * scale
+    i, j = np.meshgrid(np.arange(M), np.arange(N), indexing="ij")
+    vis = visible_fn(i, j)
+    s = np.where(vis, s, -np.inf)
+    with np.errstate(all="ignore"):
+        e = np.exp(s if no_max else s - np.max(s, axis=-1, keepdims=True))
+        p = e / e.sum(-1, keepdims=True)
+    return p if masked_rows_nan else np.where(vis.any(-1, keepdims=True), p, 0.0)
+
+
+def _drop_last_row(o):
+    o = o.clone()
+    o.reshape(-1, o.shape[-1])[-1] = 0
+    return o
+
+
+def _drop_last_col(o):
+    o = o.clone()
+    o[..., -1] = 0
+    return o
+
+
+GENERIC = {
+    "zeros": lambda inp, exp: tuple(torch.zeros_like(o) for o in exp),
+    "times_two": lambda inp, exp: tuple(2 * o for o in exp),
+    "last_row_dropped": lambda inp, exp: tuple(_drop_last_row(o) for o in exp),
+    "last_column_dropped": lambda inp, exp: tuple(_drop_last_col(o) for o in exp),
+}
+
+
+def _x(inp):
+    return f64(inp["x"])
+
+
+SPECIFIC = {
+    "rmsnorm": {
+        "eps_outside_sqrt": (dict(values="small"), lambda i, e: (tensor(_rms(_x(i), f64(i["w"]), i["eps"], eps_outside=True)),)),
+        "eps_missing": (dict(values="small"), lambda i, e: (tensor(_rms(_x(i), f64(i["w"]), i["eps"], no_eps=True)),)),
+        "weight_missing": ({}, lambda i, e: (tensor(_rms(_x(i), 1.0, i["eps"])),)),
+        "weight_plus_one": ({}, lambda i, e: (tensor(_rms(_x(i), 1.0 + f64(i["w"]), i["eps"])),)),
+        "half_accumulation": (dict(values="large", shape=(3, 4096)), lambda i, e: (
+            tensor(_rms(_x(i), f64(i["w"]), i["eps"], accumulate_in=torch.float16)),)),
+        "bf16_accumulation": (dict(shape=(3, 4096)), lambda i, e: (
+            tensor(_rms(_x(i), f64(i["w"]), i["eps"], accumulate_in=torch.bfloat16)),)),
+    },
+    "layernorm": {
+        "unbiased_variance": (dict(shape=(4, 8)), lambda i, e: (tensor(_layer(_x(i), i["w"], i["b"], i["eps"], ddof=1)),)),
+        "eps_outside_sqrt": (dict(values="small"), lambda i, e: (
+            tensor(_layer(_x(i), i["w"], i["b"], i["eps"], eps_outside=True)),)),
+        "mean_not_subtracted": (dict(values="offset"), lambda i, e: (
+            tensor(_layer(_x(i), i["w"], i["b"], i["eps"], no_center=True)),)),
+        "bias_missing": ({}, lambda i, e: (tensor(_layer(_x(i), i["w"], None, i["eps"])),)),
+    },
+    "add_rmsnorm": {
+        "residual_not_added": ({}, lambda i, e: (tensor(_rms(_x(i), f64(i["w"]), i["eps"])), tensor(_x(i)))),
+        "y_normalises_x": ({}, lambda i, e: (tensor(_rms(_x(i), f64(i["w"]), i["eps"])), e[1])),
+        "u_is_residual": ({}, lambda i, e: (e[0], tensor(f64(i["residual"])))),
+        "eps_outside_sqrt": (dict(values="small"), lambda i, e: (
+            tensor(_rms(_x(i) + f64(i["residual"]), f64(i["w"]), i["eps"], eps_outside=True)), e[1])),
+    },
+    "rope": {
+        "other_style": ({}, lambda i, e: (tensor(_rope(_x(i), i["positions"], i["theta"], i["rotary_dim"],
+                                                     "gptj" if i["style"] == "neox" else "neox")),)),
+        "rotates_backwards": ({}, lambda i, e: (tensor(_rope(_x(i), i["positions"], i["theta"], i["rotary_dim"],
+                                                           i["style"], sign=-1)),)),
+        "position_off_by_one": ({}, lambda i, e: (tensor(_rope(_x(i), i["positions"], i["theta"], i["rotary_dim"],
+                                                             i["style"], pos_shift=1)),)),
+        "partial_rotary_ignored": (dict(rotary_dim=32), lambda i, e: (
+            tensor(_rope(_x(i), i["positions"], i["theta"], i["x"].shape[-1], i["style"])),)),
+        "fp32_angles": (dict(positions="large", theta=1e6), lambda i, e: (
+            tensor(_rope(_x(i), i["positions"], i["theta"], i["rotary_dim"], i["style"], fp32_angles=True)),)),
+    },
+    "rmsnorm_rope": {
+        "norm_missing": ({}, lambda i, e: (tensor(_rope(_x(i) * f64(i["w"]), i["positions"], i["theta"],
+                                                        i["rotary_dim"], i["style"])),)),
+        "rope_before_norm": ({}, lambda i, e: (tensor(_rms(_rope(_x(i), i["positions"], i["theta"], i["rotary_dim"],
+                                                                 i["style"]), f64(i["w"]), i["eps"])),)),
+        "other_style": ({}, lambda i, e: (tensor(_rope(_rms(_x(i), f64(i["w"]), i["eps"]), i["positions"], i["theta"],
+                                                       i["rotary_dim"], "gptj" if i["style"] == "neox" else "neox")),)),
+        "half_accumulation": (dict(values="large"), lambda i, e: (tensor(_rope(
+            _rms(_x(i), f64(i["w"]), i["eps"], accumulate_in=torch.float16), i["positions"], i["theta"], i["rotary_dim"],
+            i["style"])),)),
+    },
+    "softmax": {
+        "causal_diagonal_plus_one": (dict(causal=True), lambda i, e: (tensor(_softmax(
+            i["x"], i["scale"], *i["x"].shape[-2:], lambda r, c, M=i["x"].shape[-2], N=i["x"].shape[-1]:
+            c <= r + (N - M) + 1)),)),
+        "causal_diagonal_minus_one": (dict(causal=True), lambda i, e: (tensor(_softmax(
+            i["x"], i["scale"], *i["x"].shape[-2:], lambda r, c, M=i["x"].shape[-2], N=i["x"].shape[-1]:
+            c <= r + (N - M) - 1)),)),
+        "causal_top_left": (dict(causal=True), lambda i, e: (tensor(_softmax(
+            i["x"], i["scale"], *i["x"].shape[-2:], lambda r, c: c <= r)),)),
+        "scale_missing": ({}, lambda i, e: (tensor(_softmax(i["x"], 1.0, *i["x"].shape[-2:], lambda r, c: c >= 0)),)),
+        "masked_rows_nan": (dict(causal=True, shape=(2, 9, 5)), lambda i, e: (tensor(_softmax(
+            i["x"], i["scale"], *i["x"].shape[-2:], lambda r, c, M=i["x"].shape[-2], N=i["x"].shape[-1]:
+            c <= r + (N - M), masked_rows_nan=True)),)),
+        "no_max_subtraction": (dict(values="large"), lambda i, e: (tensor(_softmax(
+            i["x"], i["scale"], *i["x"].shape[-2:], lambda r, c: c >= 0, no_max=True)),)),
+    },
+}
+
+# Default case shape per op family: big enough for every mutant to show.
+BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
+        "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12)}
+BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any")}
+
+
+def _mutant_params():
+    out = []
+    for op in registry.OPS:
+        mutants = {name: ({}, fn) for name, fn in GENERIC.items()}
+        mutants.update(SPECIFIC.get(op, {}))
+        for name, (spec, fn) in mutants.items():
+            for dtype in registry.dtypes(op):
+                out.append(pytest.param(op, name, spec, fn, dtype, id=f"{op}-{name}-{dtype}", marks=pytest.mark.op(op)))
+    return out
+
+
+@pytest.mark.parametrize("op,mutant,spec,wrong,dtype", _mutant_params())
+def test_wrong_output_rejected(op, mutant, spec, wrong, dtype, backend, budgets):
+    spec = dict(spec)
+    shape = spec.pop("shape", BASE[op])
+    values = spec.pop("values", "normal")
+    params = {**BASE_PARAMS.get(op, {}), **spec}
+    case = Case.make(op, dtype, shape, values=values, seed=11, **params)
+
+    control = run_case(case, backend, budgets)
+    assert control.passed, "the real kernel must pass the case the mutant is judged on:\n" + control.failure_message()
+
+    spec_op = registry.get(op)
+    inputs = spec_op.inputs(case, backend.device)
+    expected = spec_op.oracle(inputs)
+    bad = [w.to(case.torch_dtype) for w in wrong(inputs, expected)]
+    budget = budgets.get(op, dtype, backend.name)
+    scales = spec_op.error_scale(inputs, expected)
+    verdicts = [compare(name, b, e, budget, None, sc) for name, b, e, sc in zip(spec_op.outputs, bad, expected, scales)]
+    assert not all(v.passed for v in verdicts), (
+        f"{op} {dtype}: the mutant '{mutant}' passed the budget {budget.describe()} "
+        f"(error/allowed {max(v.usage for v in verdicts):.3g}): the budget cannot see this bug")

@@ -1,0 +1,18 @@
+"""Every registered op, every dtype: random Hypothesis cases and the pinned catalogue cases,
+each judged against the float64 oracle under the op's budget (see harness/run.py)."""
+import pytest
+from hypothesis import given, strategies as st
+
+from harness import registry, strategies
+from harness.params import pinned_params, random_params
+
+
+@pytest.mark.parametrize("op,dtype,config", random_params(registry.OPS))
+@given(data=st.data())
+def test_random(op, dtype, config, data, check):
+    check(data.draw(registry.get(op).cases(dtype, strategies.size(), config), label="case"))
+
+
+@pytest.mark.parametrize("case", pinned_params(registry.OPS))
+def test_pinned(case, check):
+    check(case)

@@ -1,0 +1,126 @@
+"""The suite as a user runs it: whole pytest runs in a subprocess (xdist transport of audit
+records, option filters, exit codes, failure reports, the out-of-bounds guard)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness.plugin import ROOT
+
+
+def _pytest(*args, cwd=ROOT, env=None, timeout=600):
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env.pop("PYTEST_XDIST_WORKER", None)
+    full_env.pop("PYTEST_ADDOPTS", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_records_from_every_xdist_worker_reach_the_audit(tmp_path):
+    path = tmp_path / "audit.json"
+    rc, out = _pytest("-n", "2", "--op", "rmsnorm", "--dtype", "float32", "-k", "pinned", "tests/test_ops.py",
+                      f"--audit-json={path}")
+    assert rc == 0, out
+    doc = json.loads(path.read_text())
+    passed = int(out.split(" passed")[0].split()[-1])
+    assert len(doc["records"]) == passed                       # one output per rmsnorm case
+    assert {r["worker"] for r in doc["records"]} == {"gw0", "gw1"}
+    assert {(r["op"], r["dtype"]) for r in doc["records"]} == {("rmsnorm", "float32")}
+    assert "kernelcheck audit" in out and "rmsnorm" in out
+
+
+def test_unknown_op_is_a_usage_error():
+    rc, out = _pytest("--op", "nosuch", "tests/test_ops.py", "--collect-only")
+    assert rc == 4 and "--op nosuch: unknown op" in out
+
+
+def test_selecting_nothing_fails():
+    rc, out = _pytest("--op", "rmsnorm", "-k", "no_such_test_name", "tests/test_ops.py")
+    assert rc == 5, out
+
+
+def test_bad_tolerances_stop_the_run_at_collection(tmp_path):
+    bad = tmp_path / "tolerances.toml"
+    bad.write_text((ROOT / "tolerances.toml").read_text().replace("[softmax.float16]\natol", "[softmax.float16]\naatol", 1))
+    rc, out = _pytest(f"--tolerances={bad}", "tests/test_ops.py", "--collect-only")
+    assert rc == 4 and "[softmax.float16] key 'aatol': unknown key" in out and str(bad) in out
+
+
+def test_a_failure_says_what_went_wrong_and_how_to_replay_it(tmp_path):
+    tight = tmp_path / "tolerances.toml"
+    text = (ROOT / "tolerances.toml").read_text()
+    start = text.index("[rmsnorm.float32]")
+    end = text.index("\n[", start + 1)
+    tight.write_text(text[:start] + '[rmsnorm.float32]\natol = 0\nrtol = 0\nreason = "zero"\n' + text[end:])
+    rc, out = _pytest(f"--tolerances={tight}", "tests/test_ops.py", "-k", "pinned and rmsnorm-float32-3x65-")
+    assert rc == 1, out
+    for needle in ("rmsnorm float32 output 'y' FAILED", "input    x: shape (3, 65) strides (65, 1)", "worst    y[",
+                   "errors   max abs", "budget   atol 0, rtol 0 [rmsnorm.float32]", "replay   python -m harness.replay"):
+        assert needle in out, needle
+    replay = out.split("replay   ")[1].split("\n")[0].split("'")[1]
+    proc = subprocess.run([sys.executable, "-m", "harness.replay", replay, f"--tolerances={tight}"], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1 and "FAILED" in proc.stdout, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "harness.replay", replay], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_passing_test_without_audit_records_fails_the_run(tmp_path):
+    test = tmp_path / "test_silent.py"
+    test.write_text("def test_forgets_to_check(check):\n    pass\n")
+    rc, out = _pytest("-p", "harness.plugin", str(test), f"--rootdir={tmp_path}")
+    assert rc == 1 and "passed without any audit record" in out, out
+
+
+def test_out_of_bounds_guard_names_the_kernel(tmp_path):
+    script = tmp_path / "oob.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        os.environ["TRITON_INTERPRET"] = "1"
+        import torch, triton, triton.language as tl
+        from harness import oob_guard
+        oob_guard.install()
+
+        @triton.jit
+        def reads_one_past_the_end(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs <= n), mask=offs < n)
+
+        @triton.jit
+        def writes_one_past_the_end(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs <= n)
+
+        x, y = torch.randn(8), torch.empty(8)
+        for kernel in (reads_one_past_the_end, writes_one_past_the_end):
+            try:
+                kernel[(1,)](x, y, 8, BLOCK=16)
+                print("MISSED", kernel.__name__)
+            except Exception as e:
+                print("CAUGHT", str(e)[:200])
+        reads_one_past_the_end[(1,)](x, y, 7, BLOCK=16)   # in bounds: no complaint
+        print("IN-BOUNDS OK")
+    """))
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = proc.stdout + proc.stderr
+    assert "kernel reads_one_past_the_end: load of 1 lane(s) outside" in out, out
+    assert "kernel writes_one_past_the_end: store of 1 lane(s) outside" in out, out
+    assert "MISSED" not in out and "IN-BOUNDS OK" in out, out
+
+
+def test_kernels_imported_before_the_backend_is_refused():
+    code = "import kernels\nfrom harness import backend\nbackend.select('interpreter')\n"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode != 0 and "imported before the backend was selected" in proc.stderr
+
+
+def test_every_kernel_runs_on_the_selected_backend(backend):
+    from harness.backend import verify_kernels
+    assert verify_kernels(backend) >= 5
