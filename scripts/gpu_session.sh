@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One GPU session in one command (device time is scarce): versions, the suite under the gpu
+# profile with its audit, then the benchmark. Everything lands in $OUT.
+#   OUT=/tmp/out bash scripts/gpu_session.sh [extra pytest args]
+set -uo pipefail
+OUT=${OUT:-/tmp/kernelcheck-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/device.txt"
+python3 -c "import torch, triton, numpy, hypothesis, xdist; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'hypothesis', hypothesis.__version__, 'xdist', xdist.__version__)" | tee -a "$OUT/device.txt"
+if [ "${SKIP_SUITE:-0}" != 1 ]; then
+  start=$(date +%s)
+  # pytest-timeout (on the GPU image) bounds each test, so one slow case cannot eat the session.
+  timeout "${SUITE_TIMEOUT:-390}" python3 -m pytest -n "${WORKERS:-16}" -q -p no:cacheprovider \
+      -p timeout --timeout="${TEST_TIMEOUT:-120}" -p no:benchmark \
+      --audit-json "$OUT/audit_gpu.json" "$@" > "$OUT/pytest_gpu.log" 2>&1
+  echo "pytest exit $? after $(( $(date +%s) - start )) s"
+  grep -E "^(FAILED|ERROR)|FAILED on|Error|passed|failed" "$OUT/pytest_gpu.log" | cut -c1-300 | tail -50
+  sed -n '/kernelcheck audit/,$p' "$OUT/pytest_gpu.log" | head -40
+fi
+if [ "${EXPLORE:-0}" = 1 ]; then
+  timeout 150 python3 bench/explore_rowops.py 2>&1 | tee "$OUT/explore.log" | tail -20
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  timeout "${BENCH_TIMEOUT:-180}" python3 bench/bench_foundation.py --out "$OUT" > "$OUT/bench.log" 2>&1
+  echo "bench exit $?"; tail -14 "$OUT/bench.log"
+fi
