@@ -15,27 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._device import kahan_add, load_tile, row_offsets
 from kernels._launch import (check_finite, check_same_device, check_same_dtype, check_shape,
                              check_tensor, leading_layout, new_out, row_tile)
-
-
-@triton.jit
-def _row_offsets(rows, n1, n2, s0, s1, s2):
-    """int64 offset of each flat row index in a (n0, n1, n2) grid of rows with strides s."""
-    i2 = rows % n2
-    rest = rows // n2
-    return (rest // n1) * s0 + (rest % n1) * s1 + i2 * s2
-
-
-@triton.jit
-def _kahan_add(total, comp, value):
-    """One step of compensated (Kahan) summation. The chunked paths add one value per lane per
-    chunk; plain fp32 would lose up to (chunks x 2^-24) relative on long rows, Kahan keeps the
-    sum at fp32 accuracy for a few more flops, free in a memory-bound loop. Once the sum is
-    infinite the compensation (inf - inf) is dropped, so inf propagates as in a plain sum."""
-    y = value - comp
-    t = total + y
-    return t, tl.where(tl.abs(t) < float("inf"), (t - total) - y, 0.0)
 
 
 @triton.jit
@@ -43,33 +25,37 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, n_rows, D, n1, n2, xs0, xs1, xs2, xsd, 
                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE_PASS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
-    x_row = _row_offsets(rows, n1, n2, xs0, xs1, xs2)[:, None]
+    x_row = row_offsets(rows, n1, n2, xs0, xs1, xs2)
     y_row = (rows * D)[:, None]
     cols = tl.arange(0, BLOCK_D)
     if SINGLE_PASS:
-        col_ok = cols < D
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(x_ptr + x_row + cols[None, :].to(tl.int64) * xsd, mask=mask, other=0.0).to(tl.float32)
+        x, mask = load_tile(x_ptr, x_row, cols, row_ok, D, xsd, 0.0)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
-        w = tl.load(w_ptr + cols * ws, mask=col_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols * ws, mask=cols < D, other=0.0).to(tl.float32)
         y = x * rstd[:, None] * w[None, :]
         tl.store(y_ptr + y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         sum_sq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         comp = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         for start in range(0, D, BLOCK_D):
-            c = start + cols
-            mask = row_ok[:, None] & (c < D)[None, :]
-            x = tl.load(x_ptr + x_row + c[None, :].to(tl.int64) * xsd, mask=mask, other=0.0).to(tl.float32)
-            sum_sq, comp = _kahan_add(sum_sq, comp, x * x)
+            x, _ = load_tile(x_ptr, x_row, start + cols, row_ok, D, xsd, 0.0)
+            sum_sq, comp = kahan_add(sum_sq, comp, x * x)
         rstd = tl.rsqrt(tl.sum(sum_sq, axis=1) / D + eps)
         for start in range(0, D, BLOCK_D):
             c = start + cols
-            mask = row_ok[:, None] & (c < D)[None, :]
-            x = tl.load(x_ptr + x_row + c[None, :].to(tl.int64) * xsd, mask=mask, other=0.0).to(tl.float32)
+            x, mask = load_tile(x_ptr, x_row, c, row_ok, D, xsd, 0.0)
             w = tl.load(w_ptr + c * ws, mask=c < D, other=0.0).to(tl.float32)
             y = x * rstd[:, None] * w[None, :]
             tl.store(y_ptr + y_row + c[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layernorm_affine(y, w_ptr, b_ptr, c, D, ws, bs, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    if HAS_W:
+        y = y * tl.load(w_ptr + c * ws, mask=c < D, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(b_ptr + c * bs, mask=c < D, other=0.0).to(tl.float32)[None, :]
+    return y
 
 
 @triton.jit
@@ -78,54 +64,38 @@ def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, D, n1, n2, xs0, xs1, x
                       BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE_PASS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
-    x_row = _row_offsets(rows, n1, n2, xs0, xs1, xs2)
+    x_row = row_offsets(rows, n1, n2, xs0, xs1, xs2)
     # Statistics are taken of x - x[0] (the shifted-data algorithm): a row far from zero keeps
     # its precision, and a constant row gives exactly zero variance.
     shift = tl.load(x_ptr + x_row, mask=row_ok, other=0.0).to(tl.float32)[:, None]
-    x_row = x_row[:, None]
     y_row = (rows * D)[:, None]
     cols = tl.arange(0, BLOCK_D)
     if SINGLE_PASS:
-        col_ok = cols < D
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(x_ptr + x_row + cols[None, :].to(tl.int64) * xsd, mask=mask, other=0.0).to(tl.float32)
+        x, mask = load_tile(x_ptr, x_row, cols, row_ok, D, xsd, 0.0)
         xs = tl.where(mask, x - shift, 0.0)
         mean = tl.sum(xs, axis=1) / D
         diff = tl.where(mask, xs - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(diff * diff, axis=1) / D + eps)
-        y = diff * rstd[:, None]
-        if HAS_W:
-            y = y * tl.load(w_ptr + cols * ws, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        if HAS_B:
-            y = y + tl.load(b_ptr + cols * bs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        y = _layernorm_affine(diff * rstd[:, None], w_ptr, b_ptr, cols, D, ws, bs, HAS_W, HAS_B)
         tl.store(y_ptr + y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         comp = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         for start in range(0, D, BLOCK_D):
-            c = start + cols
-            mask = row_ok[:, None] & (c < D)[None, :]
-            x = tl.load(x_ptr + x_row + c[None, :].to(tl.int64) * xsd, mask=mask, other=0.0).to(tl.float32)
-            acc, comp = _kahan_add(acc, comp, tl.where(mask, x - shift, 0.0))
+            x, mask = load_tile(x_ptr, x_row, start + cols, row_ok, D, xsd, 0.0)
+            acc, comp = kahan_add(acc, comp, tl.where(mask, x - shift, 0.0))
         mean = tl.sum(acc, axis=1)[:, None] / D
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         comp = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         for start in range(0, D, BLOCK_D):
-            c = start + cols
-            mask = row_ok[:, None] & (c < D)[None, :]
-            x = tl.load(x_ptr + x_row + c[None, :].to(tl.int64) * xsd, mask=mask, other=0.0).to(tl.float32)
+            x, mask = load_tile(x_ptr, x_row, start + cols, row_ok, D, xsd, 0.0)
             diff = tl.where(mask, x - shift - mean, 0.0)
-            acc, comp = _kahan_add(acc, comp, diff * diff)
+            acc, comp = kahan_add(acc, comp, diff * diff)
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / D + eps)[:, None]
         for start in range(0, D, BLOCK_D):
             c = start + cols
-            mask = row_ok[:, None] & (c < D)[None, :]
-            x = tl.load(x_ptr + x_row + c[None, :].to(tl.int64) * xsd, mask=mask, other=0.0).to(tl.float32)
-            y = (x - shift - mean) * rstd
-            if HAS_W:
-                y = y * tl.load(w_ptr + c * ws, mask=c < D, other=0.0).to(tl.float32)[None, :]
-            if HAS_B:
-                y = y + tl.load(b_ptr + c * bs, mask=c < D, other=0.0).to(tl.float32)[None, :]
+            x, mask = load_tile(x_ptr, x_row, c, row_ok, D, xsd, 0.0)
+            y = _layernorm_affine((x - shift - mean) * rstd, w_ptr, b_ptr, c, D, ws, bs, HAS_W, HAS_B)
             tl.store(y_ptr + y_row + c[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -135,22 +105,19 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, u_ptr, n_rows, D, n1, n2,
                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE_PASS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
-    x_row = _row_offsets(rows, n1, n2, xs0, xs1, xs2)[:, None]
-    r_row = _row_offsets(rows, n1, n2, rs0, rs1, rs2)[:, None]
+    x_row = row_offsets(rows, n1, n2, xs0, xs1, xs2)
+    r_row = row_offsets(rows, n1, n2, rs0, rs1, rs2)
     y_row = (rows * D)[:, None]
     cols = tl.arange(0, BLOCK_D)
     if SINGLE_PASS:
-        col_ok = cols < D
-        mask = row_ok[:, None] & col_ok[None, :]
-        c64 = cols[None, :].to(tl.int64)
-        x = tl.load(x_ptr + x_row + c64 * xsd, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(r_ptr + r_row + c64 * rsd, mask=mask, other=0.0).to(tl.float32)
+        x, mask = load_tile(x_ptr, x_row, cols, row_ok, D, xsd, 0.0)
+        r, _ = load_tile(r_ptr, r_row, cols, row_ok, D, rsd, 0.0)
         # u is returned in the input dtype, and y normalises exactly that rounded u.
         u = (x + r).to(u_ptr.dtype.element_ty)
         tl.store(u_ptr + y_row + cols[None, :], u, mask=mask)
         u = u.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(u * u, axis=1) / D + eps)
-        w = tl.load(w_ptr + cols * ws, mask=col_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols * ws, mask=cols < D, other=0.0).to(tl.float32)
         y = u * rstd[:, None] * w[None, :]
         tl.store(y_ptr + y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
@@ -158,21 +125,18 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, u_ptr, n_rows, D, n1, n2,
         comp = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         for start in range(0, D, BLOCK_D):
             c = start + cols
-            mask = row_ok[:, None] & (c < D)[None, :]
-            c64 = c[None, :].to(tl.int64)
-            x = tl.load(x_ptr + x_row + c64 * xsd, mask=mask, other=0.0).to(tl.float32)
-            r = tl.load(r_ptr + r_row + c64 * rsd, mask=mask, other=0.0).to(tl.float32)
+            x, mask = load_tile(x_ptr, x_row, c, row_ok, D, xsd, 0.0)
+            r, _ = load_tile(r_ptr, r_row, c, row_ok, D, rsd, 0.0)
             u = (x + r).to(u_ptr.dtype.element_ty)
             tl.store(u_ptr + y_row + c[None, :], u, mask=mask)
             u = u.to(tl.float32)
-            sum_sq, comp = _kahan_add(sum_sq, comp, u * u)
+            sum_sq, comp = kahan_add(sum_sq, comp, u * u)
         rstd = tl.rsqrt(tl.sum(sum_sq, axis=1) / D + eps)
         # The second pass reads back u, written above by this same program.
         tl.debug_barrier()
         for start in range(0, D, BLOCK_D):
             c = start + cols
-            mask = row_ok[:, None] & (c < D)[None, :]
-            u = tl.load(u_ptr + y_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            u, mask = load_tile(u_ptr, rows * D, c, row_ok, D, 1, 0.0)
             w = tl.load(w_ptr + c * ws, mask=c < D, other=0.0).to(tl.float32)
             y = u * rstd[:, None] * w[None, :]
             tl.store(y_ptr + y_row + c[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -187,16 +151,16 @@ def _check_rows(x, w, eps, name_w="w"):
     return eps
 
 
-def _rows_layout(x, *others):
-    """(n_rows, D, n1, n2, strides per tensor) for row kernels; copies x if its leading dims
-    need more than three (size, stride) pairs."""
-    lead = tuple(x.shape[:-1])
-    layout = leading_layout(lead, *(t.stride()[:-1] for t in (x, *others)))
+def _rows_layout(*tensors):
+    """(tensors, n_rows, D, n1, n2, strides per tensor) for the row kernels. Copies the tensors
+    to contiguous ones when their leading dims need more than three (size, stride) pairs."""
+    x = tensors[0]
+    layout = leading_layout(tuple(x.shape[:-1]), *(t.stride()[:-1] for t in tensors))
     if layout is None:
-        return None
+        tensors = tuple(t.contiguous() for t in tensors)
+        layout = leading_layout(tuple(x.shape[:-1]), *(t.stride()[:-1] for t in tensors))
     n1, n2, strides = layout
-    n_rows = x.numel() // max(x.shape[-1], 1)
-    return n_rows, x.shape[-1], n1, n2, strides
+    return tensors, x.numel() // x.shape[-1], x.shape[-1], n1, n2, strides
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None,
@@ -208,11 +172,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, *, out: torch.T
     out = new_out(out, x.shape, x.dtype, x.device)
     if x.numel() == 0:
         return out
-    layout = _rows_layout(x)
-    if layout is None:
-        x = x.contiguous()
-        layout = _rows_layout(x)
-    n_rows, D, n1, n2, ((xs0, xs1, xs2),) = layout
+    (x,), n_rows, D, n1, n2, ((xs0, xs1, xs2),) = _rows_layout(x)
     block_m, block_d, single, num_warps = row_tile(D, block_cols)
     _rmsnorm_kernel[(triton.cdiv(n_rows, block_m),)](
         x, w, out, n_rows, D, n1, n2, xs0, xs1, xs2, x.stride(-1), w.stride(0), eps,
@@ -233,11 +193,7 @@ def layernorm(x: torch.Tensor, w: torch.Tensor | None = None, b: torch.Tensor | 
     out = new_out(out, x.shape, x.dtype, x.device)
     if x.numel() == 0:
         return out
-    layout = _rows_layout(x)
-    if layout is None:
-        x = x.contiguous()
-        layout = _rows_layout(x)
-    n_rows, D, n1, n2, ((xs0, xs1, xs2),) = layout
+    (x,), n_rows, D, n1, n2, ((xs0, xs1, xs2),) = _rows_layout(x)
     block_m, block_d, single, num_warps = row_tile(D, block_cols)
     _layernorm_kernel[(triton.cdiv(n_rows, block_m),)](
         x, w if w is not None else x, b if b is not None else x, out, n_rows, D, n1, n2,
@@ -260,11 +216,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: f
     out_residual = new_out(out_residual, x.shape, x.dtype, x.device, "out_residual")
     if x.numel() == 0:
         return out, out_residual
-    layout = _rows_layout(x, residual)
-    if layout is None:
-        x, residual = x.contiguous(), residual.contiguous()
-        layout = _rows_layout(x, residual)
-    n_rows, D, n1, n2, ((xs0, xs1, xs2), (rs0, rs1, rs2)) = layout
+    (x, residual), n_rows, D, n1, n2, ((xs0, xs1, xs2), (rs0, rs1, rs2)) = _rows_layout(x, residual)
     block_m, block_d, single, num_warps = row_tile(D, block_cols)
     _add_rmsnorm_kernel[(triton.cdiv(n_rows, block_m),)](
         x, residual, w, out, out_residual, n_rows, D, n1, n2, xs0, xs1, xs2, x.stride(-1),

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._device import load_tile, row_offsets
 from kernels._launch import check_finite, check_tensor, leading_layout, new_out, row_tile
 
 _LOG2E = 1.4426950408889634
@@ -29,9 +30,7 @@ def _softmax_kernel(x_ptr, y_ptr, n_rows, M, N, n1, n2, xs0, xs1, xs2, xsn, scal
                     SINGLE_PASS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
-    i2 = rows % n2
-    rest = rows // n2
-    x_row = ((rest // n1) * xs0 + (rest % n1) * xs1 + i2 * xs2)[:, None]
+    x_row = row_offsets(rows, n1, n2, xs0, xs1, xs2)
     y_row = (rows * N)[:, None]
     if CAUSAL:
         # Last visible column of each row; -1 or less means the row sees nothing.
@@ -41,11 +40,9 @@ def _softmax_kernel(x_ptr, y_ptr, n_rows, M, N, n1, n2, xs0, xs1, xs2, xsn, scal
     nothing_visible = (last < 0)[:, None]
     cols = tl.arange(0, BLOCK_N)
     if SINGLE_PASS:
-        in_row = row_ok[:, None] & (cols < N)[None, :]
         # The load mask stays uniform over 16-byte runs (vector loads); the causal mask, which
         # is not, is applied after the load.
-        x = tl.load(x_ptr + x_row + cols[None, :].to(tl.int64) * xsn, mask=in_row, other=-float("inf"))
-        x = x.to(tl.float32)
+        x, in_row = load_tile(x_ptr, x_row, cols, row_ok, N, xsn, -float("inf"))
         if CAUSAL:
             x = tl.where(cols[None, :] <= last[:, None], x, -float("inf"))
         row_max = tl.max(x, axis=1)[:, None]
@@ -58,9 +55,7 @@ def _softmax_kernel(x_ptr, y_ptr, n_rows, M, N, n1, n2, xs0, xs1, xs2, xsn, scal
         row_sum = tl.zeros([BLOCK_M], tl.float32)
         for start in range(0, N, BLOCK_N):
             c = start + cols
-            in_row = row_ok[:, None] & (c < N)[None, :]
-            x = tl.load(x_ptr + x_row + c[None, :].to(tl.int64) * xsn, mask=in_row, other=-float("inf"))
-            x = x.to(tl.float32)
+            x, _ = load_tile(x_ptr, x_row, c, row_ok, N, xsn, -float("inf"))
             if CAUSAL:
                 x = tl.where(c[None, :] <= last[:, None], x, -float("inf"))
             new_max = tl.maximum(row_max, tl.max(x, axis=1))
@@ -74,9 +69,7 @@ def _softmax_kernel(x_ptr, y_ptr, n_rows, M, N, n1, n2, xs0, xs1, xs2, xsn, scal
         inv_sum = 1.0 / row_sum[:, None]
         for start in range(0, N, BLOCK_N):
             c = start + cols
-            in_row = row_ok[:, None] & (c < N)[None, :]
-            x = tl.load(x_ptr + x_row + c[None, :].to(tl.int64) * xsn, mask=in_row, other=-float("inf"))
-            x = x.to(tl.float32)
+            x, in_row = load_tile(x_ptr, x_row, c, row_ok, N, xsn, -float("inf"))
             if CAUSAL:
                 x = tl.where(c[None, :] <= last[:, None], x, -float("inf"))
             e = tl.exp2((x - row_max) * scale_log2e)

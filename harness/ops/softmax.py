@@ -59,6 +59,7 @@ class Softmax(Op):
         out += [case((2, 4097), config="chunked")]
         out += [case((2, 3, 65), layout=lay, causal=True, seed=3)
                 for lay in ("transposed", "permuted", "sliced", "broadcast", "offset")]
+        out += [case((2, 3, 2, 4, 9), layout="permuted", causal=True)]   # 4 unmergeable leading dims
         out += [case((4, 129), values=v, seed=4) for v in SOFTMAX_REGIMES if v != "normal"]
         out += [case((4, 6, 33), values=v, causal=True, config="chunked", seed=5) for v in ("neginf", "nonfinite", "large")]
         out += [case((3, 64), scale=s, values="large", seed=6) for s in (1.0, 1e-3)]

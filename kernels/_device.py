@@ -1,0 +1,31 @@
+"""Device-side helpers shared by the row kernels (norms, softmax)."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_offsets(rows, n1, n2, s0, s1, s2):
+    """int64 offset of each flat row index in a (n0, n1, n2) grid of rows with strides s."""
+    i2 = rows % n2
+    rest = rows // n2
+    return (rest // n1) * s0 + (rest % n1) * s1 + i2 * s2
+
+
+@triton.jit
+def load_tile(ptr, row_off, cols, row_ok, n_cols, col_stride, other):
+    """Load a [rows, cols] tile as fp32; returns (values, in-bounds mask). Columns are addressed
+    in int64: a feature stride times a column index can pass 2^31."""
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]
+    x = tl.load(ptr + row_off[:, None] + cols[None, :].to(tl.int64) * col_stride, mask=mask, other=other)
+    return x.to(tl.float32), mask
+
+
+@triton.jit
+def kahan_add(total, comp, value):
+    """One step of compensated (Kahan) summation. The chunked paths add one value per lane per
+    chunk; plain fp32 would lose up to (chunks x 2^-24) relative on long rows, Kahan keeps the
+    sum at fp32 accuracy for a few more flops, free in a memory-bound loop. Once the sum is
+    infinite the compensation (inf - inf) is dropped, so inf propagates as in a plain sum."""
+    y = value - comp
+    t = total + y
+    return t, tl.where(tl.abs(t) < float("inf"), (t - total) - y, 0.0)
