@@ -22,6 +22,7 @@ LAYOUTS = (
     "sliced",      # every other entry of dim 0, and columns 1..D of a D+3 wide storage
     "broadcast",   # dim 0 is an expand()ed stride-0 dim
     "offset",      # storage starts one element in: the data pointer is not 16-byte aligned
+    "bhtd",        # 4-d [B, T, H, D] stored as [B, H, T, D] (attention's head-major layout)
 )
 
 # Value regimes (per row = along the last dim):
@@ -139,10 +140,12 @@ def lay_out(values: torch.Tensor, shape, layout: str, device) -> torch.Tensor:
     shape = tuple(shape)
     nd = len(shape)
     if layout == "contiguous" or (layout in ("transposed", "broadcast") and nd < 2) or \
-            (layout == "permuted" and nd < 3):
+            (layout == "permuted" and nd < 3) or (layout == "bhtd" and nd != 4):
         return values.expand(shape).contiguous().to(device)
     if layout == "transposed":
         return values.transpose(-1, -2).contiguous().to(device).transpose(-1, -2)
+    if layout == "bhtd":
+        return values.transpose(1, 2).contiguous().to(device).transpose(1, 2)
     if layout == "permuted":
         order = list(range(nd - 2, -1, -1)) + [nd - 1]           # leading dims reversed
         inverse = [order.index(i) for i in range(nd)]

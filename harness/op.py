@@ -26,6 +26,10 @@ class Op:
         """name -> shape of each output (all in the case dtype)."""
         return {name: tuple(inputs["x"].shape) for name in self.outputs}
 
+    def output_dtype(self, name: str, case: Case):
+        """The dtype of an output (the case dtype unless an op says otherwise)."""
+        return case.torch_dtype
+
     def kernel(self, inputs: dict, out: dict, **config) -> tuple:
         """Run the kernel writing into the (poisoned) buffers `out`; return the outputs in order."""
         raise NotImplementedError

@@ -34,20 +34,43 @@ def _layouts(inputs: dict) -> dict:
             for name, t in inputs.items() if isinstance(t, torch.Tensor)}
 
 
+# The last case this process ran, to name the culprit of a CUDA fault that surfaces later: a
+# fault poisons the CUDA context, so every later call in the process fails with the same error.
+_last_case: Case | None = None
+
+
+def _sync(backend: Backend, case: Case, stage: str) -> None:
+    """On a GPU, wait for the stage's launches, so a fault is pinned on the stage that made it."""
+    if backend.device != "cuda":
+        return
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:
+        if stage == "start" and _last_case is not None:
+            e.add_note(f"the CUDA context was already broken before {case.id}; the last case this process ran "
+                       f"was {_last_case.id}: replay it alone with {_last_case.replay_command()}")
+        elif stage != "start":
+            e.add_note(f"CUDA fault in the {stage} of {case.id}; replay: {case.replay_command()}")
+        raise
+
+
 def run_case(case: Case, backend: Backend, budgets: Budgets) -> Outcome:
+    global _last_case
     op = registry.get(case.op)
     if case.dtype not in op.dtypes:
         raise ValueError(f"{case.op} is not checked in {case.dtype}")
     if case.config not in op.configs:
         raise ValueError(f"{case.op}: unknown config {case.config!r}; expected one of {', '.join(op.configs)}")
     budget = budgets.get(case.op, case.dtype, backend.name)
+    _sync(backend, case, "start")
+    _last_case = case
     inputs = op.inputs(case, backend.device)
-    out = {name: poisoned(shape, case.torch_dtype, backend.device)
+    out = {name: poisoned(shape, op.output_dtype(name, case), backend.device)
            for name, shape in op.output_shapes(inputs).items()}
     got = op.kernel(inputs, out, **op.configs[case.config])
-    if backend.device == "cuda":
-        torch.cuda.synchronize()
+    _sync(backend, case, "kernel")
     ref = op.reference(inputs)
+    _sync(backend, case, "reference")
     expected = op.oracle(inputs)
     scales = op.error_scale(inputs, expected)
     checks = [compare(name, g, e, budget, r, sc) for name, g, e, r, sc in zip(op.outputs, got, expected, ref, scales)]

@@ -2,6 +2,7 @@
 # One GPU session in one command (device time is scarce): versions, the suite under the gpu
 # profile with its audit, then the benchmark. Everything lands in $OUT.
 #   OUT=/tmp/out bash scripts/gpu_session.sh [extra pytest args]
+#   (SKIP_SUITE=1, EXPLORE="rowops rope attention", BENCHES="foundation attention" or BENCHES= for none, SUITE_TIMEOUT, TEST_TIMEOUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/kernelcheck-out}
 mkdir -p "$OUT"
@@ -11,17 +12,19 @@ python3 -c "import torch, triton, numpy, hypothesis, xdist; print('torch', torch
 if [ "${SKIP_SUITE:-0}" != 1 ]; then
   start=$(date +%s)
   # pytest-timeout (on the GPU image) bounds each test, so one slow case cannot eat the session.
-  timeout "${SUITE_TIMEOUT:-390}" python3 -m pytest -n "${WORKERS:-16}" -q -p no:cacheprovider \
+  timeout "${SUITE_TIMEOUT:-570}" python3 -m pytest -n "${WORKERS:-16}" -q -p no:cacheprovider \
       -p timeout --timeout="${TEST_TIMEOUT:-120}" -p no:benchmark \
       --audit-json "$OUT/audit_gpu.json" "$@" > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest exit $? after $(( $(date +%s) - start )) s"
   grep -E "^(FAILED|ERROR)|FAILED on|Error|passed|failed" "$OUT/pytest_gpu.log" | cut -c1-300 | tail -50
   sed -n '/kernelcheck audit/,$p' "$OUT/pytest_gpu.log" | head -40
 fi
-if [ "${EXPLORE:-0}" = 1 ]; then
-  timeout 150 python3 bench/explore_rowops.py 2>&1 | tee "$OUT/explore.log" | tail -20
-fi
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  timeout "${BENCH_TIMEOUT:-180}" python3 bench/bench_foundation.py --out "$OUT" > "$OUT/bench.log" 2>&1
-  echo "bench exit $?"; tail -14 "$OUT/bench.log"
-fi
+# EXPLORE: which of bench/explore_<name>.py to run (none by default).
+for name in ${EXPLORE:-}; do
+  timeout 150 python3 "bench/explore_$name.py" 2>&1 | tee "$OUT/explore_$name.log" | tail -20
+done
+# BENCHES: which of bench/bench_<name>.py to run (default: all of them).
+for name in ${BENCHES-foundation attention}; do
+  timeout "${BENCH_TIMEOUT:-200}" python3 "bench/bench_$name.py" --out "$OUT" > "$OUT/bench_$name.log" 2>&1
+  echo "bench $name exit $?"; tail -30 "$OUT/bench_$name.log"
+done

@@ -69,6 +69,34 @@ BAD = [
     ("softmax", "causal not a bool", lambda d: kernels.softmax(T(2, 4, device=d), 1.0, 1), TypeError, "causal"),
     ("softmax", "causal on 1-d", lambda d: kernels.softmax(T(4, device=d), 1.0, True), ValueError, "x"),
     ("softmax", "out shape", lambda d: kernels.softmax(T(2, 4, device=d), out=T(4, 2, device=d)), ValueError, "out"),
+    # flash_attention
+    ("flash_attention", "3-d q without cu_seqlens", lambda d: kernels.flash_attention(T(2, 4, 8, device=d), T(2, 4, 8, device=d), T(2, 4, 8, device=d)), ValueError, "q"),
+    ("flash_attention", "heads do not divide", lambda d: kernels.flash_attention(T(1, 4, 6, 8, device=d), T(1, 4, 4, 8, device=d), T(1, 4, 4, 8, device=d)), ValueError, "k"),
+    ("flash_attention", "head dim past 256", lambda d: kernels.flash_attention(T(1, 2, 1, 300, device=d), T(1, 2, 1, 300, device=d), T(1, 2, 1, 300, device=d)), ValueError, "q"),
+    ("flash_attention", "head dims differ", lambda d: kernels.flash_attention(T(1, 2, 1, 16, device=d), T(1, 2, 1, 32, device=d), T(1, 2, 1, 32, device=d)), ValueError, "k"),
+    ("flash_attention", "v shape", lambda d: kernels.flash_attention(T(1, 2, 1, 16, device=d), T(1, 3, 1, 16, device=d), T(1, 2, 1, 16, device=d)), ValueError, "v"),
+    ("flash_attention", "batch differs", lambda d: kernels.flash_attention(T(2, 2, 1, 16, device=d), T(1, 3, 1, 16, device=d), T(1, 3, 1, 16, device=d)), ValueError, "k"),
+    ("flash_attention", "dtypes differ", lambda d: kernels.flash_attention(T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, dtype=torch.float16, device=d), T(1, 2, 1, 16, device=d)), TypeError, "k"),
+    ("flash_attention", "scale NaN", lambda d: kernels.flash_attention(T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, device=d), scale=math.nan), ValueError, "scale"),
+    ("flash_attention", "causal not a bool", lambda d: kernels.flash_attention(T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, device=d), 1), TypeError, "causal"),
+    ("flash_attention", "one cu_seqlens", lambda d: kernels.flash_attention(T(4, 1, 16, device=d), T(4, 1, 16, device=d), T(4, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 4], device=d)), ValueError, "cu_seqlens_k"),
+    ("flash_attention", "cu_seqlens past the tensor", lambda d: kernels.flash_attention(T(4, 1, 16, device=d), T(4, 1, 16, device=d), T(4, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 5], device=d), cu_seqlens_k=torch.tensor([0, 4], device=d)), ValueError, "cu_seqlens_q"),
+    ("flash_attention", "cu_seqlens decreasing", lambda d: kernels.flash_attention(T(4, 1, 16, device=d), T(4, 1, 16, device=d), T(4, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 3, 2], device=d), cu_seqlens_k=torch.tensor([0, 2, 4], device=d)), ValueError, "cu_seqlens_q"),
+    ("flash_attention", "cu_seqlens float", lambda d: kernels.flash_attention(T(4, 1, 16, device=d), T(4, 1, 16, device=d), T(4, 1, 16, device=d), cu_seqlens_q=torch.tensor([0.0, 4.0], device=d), cu_seqlens_k=torch.tensor([0, 4], device=d)), TypeError, "cu_seqlens_q"),
+    ("flash_attention", "cu_seqlens batches differ", lambda d: kernels.flash_attention(T(4, 1, 16, device=d), T(4, 1, 16, device=d), T(4, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 4], device=d), cu_seqlens_k=torch.tensor([0, 2, 4], device=d)), ValueError, "cu_seqlens_k"),
+    ("flash_attention", "lse_out shape", lambda d: kernels.flash_attention(T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, device=d), return_lse=True, lse_out=torch.empty(1, 2, 1, device=d)), ValueError, "lse_out"),
+    # decode_attention
+    ("decode_attention", "q rank", lambda d: kernels.decode_attention(T(2, 1, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d)), ValueError, "q"),
+    ("decode_attention", "heads do not divide", lambda d: kernels.decode_attention(T(2, 3, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d)), ValueError, "k_cache"),
+    ("decode_attention", "seqlens past the cache", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 9], device=d)), ValueError, "seqlens"),
+    ("decode_attention", "negative seqlens", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([-1, 2], device=d)), ValueError, "seqlens"),
+    ("decode_attention", "seqlens float", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1.0, 2.0], device=d)), TypeError, "seqlens"),
+    ("decode_attention", "seqlens count", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1], device=d)), ValueError, "seqlens"),
+    ("decode_attention", "cache batch", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(3, 8, 2, 16, device=d), T(3, 8, 2, 16, device=d), torch.tensor([1, 2], device=d)), ValueError, "k_cache"),
+    ("decode_attention", "v_cache shape", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 7, 2, 16, device=d), torch.tensor([1, 2], device=d)), ValueError, "v_cache"),
+    ("decode_attention", "block table out of range", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(4, 4, 2, 16, device=d), T(4, 4, 2, 16, device=d), torch.tensor([3, 8], device=d), block_table=torch.tensor([[0, 1], [2, 4]], device=d)), ValueError, "block_table"),
+    ("decode_attention", "block table rows", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(4, 4, 2, 16, device=d), T(4, 4, 2, 16, device=d), torch.tensor([3, 8], device=d), block_table=torch.tensor([[0, 1]], device=d)), ValueError, "block_table"),
+    ("decode_attention", "num_splits zero", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d), num_splits=0), ValueError, "num_splits"),
 ]
 
 
@@ -96,6 +124,9 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("rope", lambda d: kernels.rope(T(0, 3, 2, 8, device=d), P(0, 3, d))),
     ("rmsnorm_rope", lambda d: kernels.rmsnorm_rope(T(2, 0, 2, 8, device=d), T(8, device=d), P(2, 0, d))),
     ("softmax", lambda d: kernels.softmax(T(0, 5, device=d), 1.0, True)),
+    ("flash_attention", lambda d: kernels.flash_attention(T(0, 4, 2, 16, device=d), T(0, 4, 1, 16, device=d), T(0, 4, 1, 16, device=d))),
+    ("flash_attention", lambda d: kernels.flash_attention(T(0, 2, 16, device=d), T(0, 1, 16, device=d), T(0, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 0], device=d), cu_seqlens_k=torch.tensor([0, 0], device=d))),
+    ("decode_attention", lambda d: kernels.decode_attention(T(0, 4, 16, device=d), T(0, 8, 2, 16, device=d), T(0, 8, 2, 16, device=d), torch.zeros(0, dtype=torch.int32, device=d))),
 ])
 def test_empty_input_gives_empty_output(op, call, dev):
     y = call(dev)

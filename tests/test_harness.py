@@ -113,12 +113,14 @@ def test_compare_oracle_beyond_dtype_range_expects_infinity():
     assert not _cmp([65504.0], [1e6], dtype=torch.float16).passed
 
 
-def test_compare_ref_ratio():
-    b = Budget(atol=1.0, rtol=1.0, reason="t", table="t", ref_ratio=2.0, ref_floor=1e-3)
-    assert _cmp([1.0], [1.001], b, ref=[1.002]).passed            # error 1e-3 <= 2 * 2e-3 + 1e-3
-    c = _cmp([1.0], [1.01], b, ref=[1.011])                          # 1e-2 > 2 * 1e-3 + 1e-3
+def test_compare_ref_ratio_scales_the_budget():
+    b = Budget(atol=0.0, rtol=1e-4, reason="t", table="t", ref_ratio=2.0, ref_floor=1e-3)
+    assert _cmp([1.0], [1.00005], b, ref=[1.0]).passed             # inside atol + rtol*|o|
+    assert _cmp([1.0], [1.001], b, ref=[1.002]).passed             # outside it, but 1e-3 <= 2 * 2e-3 + 1e-3
+    c = _cmp([1.0], [1.01], b, ref=[1.011])                          # 1e-2 > 2 * 1e-3 + 1e-3 and > 1e-4
     assert not c.passed and "ref_ratio" in c.problem
     assert _cmp([1.0], [1.0005], b, ref=[1.0005]).passed            # exact reference: the floor decides
+    assert not _cmp([1.0], [1.0005], Budget(atol=0.0, rtol=1e-4, reason="t", table="t")).passed
 
 
 def test_compare_shape_mismatch():
@@ -180,9 +182,10 @@ def test_case_json_round_trip():
 @pytest.mark.parametrize("values", REGIMES)
 def test_inputs_are_replayable_in_every_layout_and_regime(layout, values):
     """The same case gives the same values on every build; the layout changes strides only."""
-    a = make_input((3, 4, 5), "float32", torch.Generator().manual_seed(3), "cpu", values=values, layout=layout)
-    b = make_input((3, 4, 5), "float32", torch.Generator().manual_seed(3), "cpu", values=values, layout=layout)
-    assert a.shape == (3, 4, 5) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    shape = (2, 3, 4, 5) if layout == "bhtd" else (3, 4, 5)     # bhtd is a 4-d layout
+    a = make_input(shape, "float32", torch.Generator().manual_seed(3), "cpu", values=values, layout=layout)
+    b = make_input(shape, "float32", torch.Generator().manual_seed(3), "cpu", values=values, layout=layout)
+    assert a.shape == shape and torch.equal(a.nan_to_num(), b.nan_to_num())
     if layout != "contiguous":
         assert not a.is_contiguous() or layout == "offset"
     if layout == "offset":

@@ -68,6 +68,46 @@ def _softmax(x, scale, M, N, visible_fn, *, masked_rows_nan=False, no_max=False)
     return p if masked_rows_nan else np.where(vis.any(-1, keepdims=True), p, 0.0)
 
 
+def _attn(q, k, v, scale=None, visible=None, kv_head=None, keys=None):
+    """Attention of fixed-length [B, T, H, D] tensors in float64 with pluggable bugs: the mask
+    visible(Tq, Tk) -> [Tq, Tk], the head map kv_head(h, Hq, Hkv), and how many keys are read."""
+    q, k, v = f64(q), f64(k), f64(v)
+    B, Tq, Hq, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    keys = Tk if keys is None else keys
+    vis = np.ones((Tq, Tk), bool) if visible is None else visible(Tq, Tk)
+    vis[:, keys:] = False
+    kv_head = kv_head or (lambda h, hq, hkv: h // (hq // hkv))
+    out, lse = np.zeros((B, Tq, Hq, D)), np.full((B, Hq, Tq), -np.inf)
+    for b in range(B):
+        for h in range(Hq):
+            g = kv_head(h, Hq, Hkv)
+            s = np.where(vis, q[b, :, h] @ k[b, :, g].T * scale, -np.inf)
+            m = s.max(-1, keepdims=True, initial=-np.inf)
+            with np.errstate(all="ignore"):
+                e = np.where(vis, np.exp(s - m), 0.0)
+                tot = e.sum(-1, keepdims=True)
+                any_ = vis.any(-1)
+                out[b, :, h] = np.where(any_[:, None], (e / tot) @ v[b, :, g], 0.0)
+                lse[b, h] = np.where(any_, (m + np.log(tot))[:, 0], -np.inf)
+    return tensor(out), tensor(lse)
+
+
+def _bottom_right(shift=0):
+    return lambda Tq, Tk: np.arange(Tk)[None, :] <= np.arange(Tq)[:, None] + (Tk - Tq) + shift
+
+
+def _decode_as_prefill(i, **bug):
+    """decode_attention on a contiguous cache, as one-query attention per batch row."""
+    q, kc, vc, lens = i["q"], i["k_cache"], i["v_cache"], i["seqlens"].tolist()
+    rows = []
+    for b, n in enumerate(lens):
+        o, _ = _attn(q[b][None, None], kc[b:b + 1, :n], vc[b:b + 1, :n], i["scale"], **bug)
+        rows.append(o[0, 0])
+    return torch.stack(rows)
+
+
 def _drop_last_row(o):
     o = o.clone()
     o.reshape(-1, o.shape[-1])[-1] = 0
@@ -159,10 +199,32 @@ SPECIFIC = {
     },
 }
 
+SPECIFIC["flash_attention"] = {
+    "causal_diagonal_plus_one": (dict(causal=True), lambda i, e: _attn(i["q"], i["k"], i["v"], i["scale"],
+                                                                      _bottom_right(+1))),
+    "causal_diagonal_minus_one": (dict(causal=True), lambda i, e: _attn(i["q"], i["k"], i["v"], i["scale"],
+                                                                       _bottom_right(-1))),
+    "causal_top_left": (dict(causal=True), lambda i, e: _attn(i["q"], i["k"], i["v"], i["scale"],
+                                                             lambda tq, tk: np.tri(tq, tk, dtype=bool))),
+    "wrong_gqa_head_map": ({}, lambda i, e: _attn(i["q"], i["k"], i["v"], i["scale"],
+                                                  kv_head=lambda h, hq, hkv: h % hkv)),
+    "scale_missing": ({}, lambda i, e: _attn(i["q"], i["k"], i["v"], 1.0)),
+    "last_kv_block_dropped": ({}, lambda i, e: _attn(i["q"], i["k"], i["v"], i["scale"], keys=16)),
+}
+SPECIFIC["decode_attention"] = {
+    "reads_one_slot_past_seqlen": ({}, lambda i, e: (_decode_as_prefill(
+        {**i, "seqlens": i["seqlens"] + 1}),)),
+    "wrong_gqa_head_map": ({}, lambda i, e: (_decode_as_prefill(i, kv_head=lambda h, hq, hkv: h % hkv),)),
+    "scale_missing": ({}, lambda i, e: (_decode_as_prefill({**i, "scale": 1.0}),)),
+    "last_kv_block_dropped": ({}, lambda i, e: (_decode_as_prefill(i, keys=16),)),
+}
+
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
-        "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12)}
-BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any")}
+        "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
+        "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16)}
+BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
+               "decode_attention": dict(lens="24,20,17")}
 
 
 def _mutant_params():
@@ -190,10 +252,14 @@ def test_wrong_output_rejected(op, mutant, spec, wrong, dtype, backend, budgets)
     spec_op = registry.get(op)
     inputs = spec_op.inputs(case, backend.device)
     expected = spec_op.oracle(inputs)
-    bad = [w.to(case.torch_dtype) for w in wrong(inputs, expected)]
+    bad = [w.to(spec_op.output_dtype(name, case)) for name, w in zip(spec_op.outputs, wrong(inputs, expected))]
     budget = budgets.get(op, dtype, backend.name)
     scales = spec_op.error_scale(inputs, expected)
-    verdicts = [compare(name, b, e, budget, None, sc) for name, b, e, sc in zip(spec_op.outputs, bad, expected, scales)]
+    # Judged as the suite judges a kernel: with the reference, so a ref_ratio budget's
+    # alternative (within ratio x the reference's error) is exercised too.
+    refs = spec_op.reference(inputs)
+    verdicts = [compare(name, b, e, budget, r, sc)
+                for name, b, e, r, sc in zip(spec_op.outputs, bad, expected, refs, scales)]
     assert not all(v.passed for v in verdicts), (
         f"{op} {dtype}: the mutant '{mutant}' passed the budget {budget.describe()} "
         f"(error/allowed {max(v.usage for v in verdicts):.3g}): the budget cannot see this bug")

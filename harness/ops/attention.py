@@ -1,0 +1,226 @@
+"""flash_attention and decode_attention: cases, and how to call kernel / reference / oracle."""
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import strategies as st
+
+import kernels
+import oracles
+import references
+from harness.cases import Case, lay_out, make_input, sample
+from harness.op import Op
+from harness.strategies import regimes, seeds
+
+# Values of q and k (v is always N(0, 1)): scores of every size, saturated softmax, one key
+# that dominates, NaN/inf. Non-finite values go in q and k only: a NaN in v reaches every row
+# of a tile whose keys include it (p = 0 times NaN), as in FlashAttention (docs/NUMERICS.md).
+ATTN_REGIMES = ("normal", "large", "outlier", "nonfinite", "constant")
+ATTN_LAYOUTS = ("contiguous", "bhtd", "transposed", "permuted", "sliced", "offset")
+HEAD_DIMS = (16, 40, 64, 72, 80, 96, 111, 128, 160, 256)
+GQA = ((1, 1), (2, 1), (4, 4), (4, 2), (4, 1), (8, 1), (8, 8), (6, 3))   # (Hq, Hkv): ratios 1, 2, 4, 8 and MQA
+
+
+def _lens(text: str) -> list:
+    return [int(t) for t in text.split(",")] if text else []
+
+
+def _tensor(shape, dtype, gen, device, values, layout):
+    return make_input(shape, dtype, gen, device, values=values, layout=layout)
+
+
+class FlashAttention(Op):
+    name = "flash_attention"
+    outputs = ("out", "lse")
+    # "small": 16 x 16 tiles, so short cases still cross several key blocks and diagonal tiles.
+    configs = {"auto": {}, "small": {"block_m": 16, "block_n": 16}}
+
+    def inputs(self, case, device):
+        gen = case.generator()
+        Hq, Hkv, D = case.shape[-3:]
+        varlen = case.param("varlen", False)
+        qv = case.values
+        kv_values = "normal" if case.values == "constant" else case.values
+        if varlen:
+            lq, lk = _lens(case.param("lens_q")), _lens(case.param("lens_k"))
+            pad = case.param("pad", 0)    # NaN rows past the last key: must never be read
+            q = _tensor((sum(lq), Hq, D), case.dtype, gen, device, qv, case.layout)
+            k = _tensor((sum(lk), Hkv, D), case.dtype, gen, device, kv_values, case.layout)
+            v = _tensor((sum(lk), Hkv, D), case.dtype, gen, device, "normal", case.layout)
+            if pad:
+                nan = torch.full((pad, Hkv, D), math.nan, dtype=k.dtype, device=device)
+                k, v = torch.cat([k, nan]), torch.cat([v, nan])
+            cu = [torch.tensor([0, *torch.tensor(x, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32,
+                               device=device) for x in (lq, lk)]
+            return {"q": q, "k": k, "v": v, "causal": case.param("causal", False), "scale": case.param("scale"),
+                    "cu_seqlens_q": cu[0], "cu_seqlens_k": cu[1]}
+        B, Tq, Tk = case.shape[:3]
+        q = _tensor((B, Tq, Hq, D), case.dtype, gen, device, qv, case.layout)
+        k = _tensor((B, Tk, Hkv, D), case.dtype, gen, device, kv_values, case.layout)
+        v = _tensor((B, Tk, Hkv, D), case.dtype, gen, device, "normal", case.layout)
+        return {"q": q, "k": k, "v": v, "causal": case.param("causal", False), "scale": case.param("scale"),
+                "cu_seqlens_q": None, "cu_seqlens_k": None}
+
+    def output_shapes(self, inp):
+        q = inp["q"]
+        if inp["cu_seqlens_q"] is not None:
+            return {"out": tuple(q.shape), "lse": (q.shape[1], q.shape[0])}
+        return {"out": tuple(q.shape), "lse": (q.shape[0], q.shape[2], q.shape[1])}
+
+    def output_dtype(self, name, case):
+        return torch.float32 if name == "lse" else case.torch_dtype
+
+    def kernel(self, inp, out, **config):
+        return kernels.flash_attention(inp["q"], inp["k"], inp["v"], inp["causal"], inp["scale"], return_lse=True,
+                                       cu_seqlens_q=inp["cu_seqlens_q"], cu_seqlens_k=inp["cu_seqlens_k"],
+                                       out=out["out"], lse_out=out["lse"], **config)
+
+    def _args(self, inp):
+        return (inp["q"], inp["k"], inp["v"], inp["causal"], inp["scale"], inp["cu_seqlens_q"], inp["cu_seqlens_k"])
+
+    def reference(self, inp):
+        return references.flash_attention(*self._args(inp))
+
+    def oracle(self, inp):
+        return oracles.flash_attention(*self._args(inp))
+
+    def cases(self, dtype, size, config):
+        @st.composite
+        def draw_case(draw):
+            Hq, Hkv = draw(st.sampled_from(GQA))
+            D = draw(st.one_of(st.sampled_from(HEAD_DIMS), st.integers(1, 64 if size == "small" else 256)))
+            top = 40 if size == "small" else 700
+            params = {"causal": draw(st.booleans()), "scale": draw(st.sampled_from((None, 0.05, 1.0)))}
+            layout = draw(st.sampled_from(ATTN_LAYOUTS))
+            if draw(st.booleans()):
+                n = draw(st.integers(1, 3 if size == "small" else 6))
+                lq = [draw(st.integers(0, top)) for _ in range(n)]
+                lk = [draw(st.integers(0, top)) for _ in range(n)]
+                params.update(varlen=True, lens_q=",".join(map(str, lq)), lens_k=",".join(map(str, lk)),
+                              pad=draw(st.integers(0, 3)))
+                shape = (Hq, Hkv, D)
+                layout = "contiguous" if layout in ("bhtd", "permuted") else layout
+            else:
+                B = draw(st.integers(1, 2 if size == "small" else 4))
+                shape = (B, draw(st.integers(1, top)), draw(st.integers(1, top)), Hq, Hkv, D)
+            return Case.make(self.name, dtype, shape, layout=layout,
+                             values=draw(regimes(self.name, dtype, config, ATTN_REGIMES)),
+                             seed=draw(seeds()), config=config, **params)
+        return draw_case()
+
+    def pinned(self, dtype):
+        def case(shape, seed=0, **kw):
+            return Case.make(self.name, dtype, shape, seed=seed, **kw)
+        out = []
+        for causal in (False, True):
+            # Tq = 1, Tk = 1, Tq > Tk (fully masked rows when causal), Tq < Tk, equal.
+            for tq, tk in ((1, 1), (1, 9), (9, 1), (9, 5), (5, 9), (8, 8)):
+                out.append(case((2, tq, tk, 4, 2, 32), causal=causal, seed=tq * 10 + tk))
+            # Lengths at the 16-wide tiles of the "small" config +-1.
+            for t in (15, 16, 17, 33):
+                out.append(case((1, t, t, 2, 1, 16), causal=causal, config="small", seed=t))
+            out.append(case((1, 17, 40, 2, 2, 16), causal=causal, config="small", seed=3))
+        out += [case((1, 5, 7, hq, hkv, 32), causal=True, seed=hq) for hq, hkv in GQA]
+        out += [case((1, 6, 6, 2, 1, d), causal=True, seed=d) for d in HEAD_DIMS]
+        out += [case((2, 6, 8, 4, 2, 32), layout=lay, causal=True, seed=4) for lay in ATTN_LAYOUTS[1:]]
+        out += [case((1, 8, 8, 2, 1, 32), values=v, causal=True, seed=5) for v in ATTN_REGIMES[1:]]
+        out += [case((1, 4, 6, 2, 1, 16), scale=s, seed=6) for s in (1.0, 0.01)]
+        # Varlen: zero-length sequences, one long and many short, NaN padding past the keys.
+        out += [case((4, 2, 32), varlen=True, lens_q="3,0,5,1", lens_k="4,2,0,9", causal=True, pad=2),
+                case((2, 1, 16), varlen=True, lens_q="1,1,1,20", lens_k="1,2,3,37", causal=False, pad=3,
+                     config="small")]
+        return out
+
+
+class DecodeAttention(Op):
+    name = "decode_attention"
+    outputs = ("out",)
+
+    def inputs(self, case, device):
+        gen = case.generator()
+        B, Tmax, Hq, Hkv, D = case.shape
+        lens = _lens(case.param("lens")) or [Tmax] * B
+        q = make_input((B, Hq, D), case.dtype, gen, device, values=case.values)
+        k = sample((B, Tmax, Hkv, D), "normal" if case.values == "constant" else case.values, case.dtype, gen)
+        v = sample((B, Tmax, Hkv, D), "normal", case.dtype, gen)
+        for b, n in enumerate(lens):          # cache slots past seqlens: NaN, never to be read
+            k[b, n:] = math.nan
+            v[b, n:] = math.nan
+        td = case.torch_dtype
+        seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+        block_size = case.param("block_size", 0)
+        inp = {"q": q, "seqlens": seqlens, "scale": case.param("scale"), "num_splits": case.param("num_splits")}
+        if not block_size:
+            inp.update(k_cache=lay_out(k.to(td), k.shape, case.layout, device),
+                       v_cache=lay_out(v.to(td), v.shape, case.layout, device), block_table=None)
+            return inp
+        # Paged: pages in a random order, and spare pages full of NaN that no table points to.
+        per_row = -(-Tmax // block_size)
+        n_blocks = B * per_row + 3
+        order = torch.randperm(n_blocks, generator=gen)
+        table = order[:B * per_row].view(B, per_row)
+        kp = torch.full((n_blocks, block_size, Hkv, D), math.nan, dtype=torch.float64)
+        vp = kp.clone()
+        for b in range(B):
+            for j in range(per_row):
+                n = min(block_size, Tmax - j * block_size)
+                kp[table[b, j], :n] = k[b, j * block_size:j * block_size + n]
+                vp[table[b, j], :n] = v[b, j * block_size:j * block_size + n]
+        inp.update(k_cache=kp.to(td).to(device), v_cache=vp.to(td).to(device),
+                   block_table=table.to(torch.int32).to(device))
+        return inp
+
+    def output_shapes(self, inp):
+        return {"out": tuple(inp["q"].shape)}
+
+    def kernel(self, inp, out, **config):
+        return (kernels.decode_attention(inp["q"], inp["k_cache"], inp["v_cache"], inp["seqlens"], inp["scale"],
+                                         block_table=inp["block_table"], num_splits=inp["num_splits"],
+                                         out=out["out"], **config),)
+
+    def _args(self, inp):
+        return (inp["q"], inp["k_cache"], inp["v_cache"], inp["seqlens"], inp["scale"], inp["block_table"])
+
+    def reference(self, inp):
+        return (references.decode_attention(*self._args(inp)),)
+
+    def oracle(self, inp):
+        return (oracles.decode_attention(*self._args(inp)),)
+
+    def cases(self, dtype, size, config):
+        @st.composite
+        def draw_case(draw):
+            Hq, Hkv = draw(st.sampled_from(GQA))
+            D = draw(st.one_of(st.sampled_from(HEAD_DIMS), st.integers(1, 64 if size == "small" else 256)))
+            B = draw(st.integers(1, 3 if size == "small" else 16))
+            Tmax = draw(st.integers(1, 80 if size == "small" else 3000))
+            lens = [draw(st.integers(0, Tmax)) for _ in range(B)]
+            params = {"lens": ",".join(map(str, lens)), "block_size": draw(st.sampled_from((0, 0, 1, 16, 7, 64))),
+                      "num_splits": draw(st.sampled_from((None, 1, 2, 5))),
+                      "scale": draw(st.sampled_from((None, 0.1)))}
+            return Case.make(self.name, dtype, (B, Tmax, Hq, Hkv, D),
+                             layout=draw(st.sampled_from(("contiguous", "transposed", "sliced", "offset"))),
+                             values=draw(regimes(self.name, dtype, config, ATTN_REGIMES)),
+                             seed=draw(seeds()), config=config, **params)
+        return draw_case()
+
+    def pinned(self, dtype):
+        def case(shape, seed=0, **kw):
+            return Case.make(self.name, dtype, shape, seed=seed, **kw)
+        out = []
+        for block_size in (0, 16):
+            # seqlens 0, 1, Tmax, tile multiples +-1, one long row among short ones.
+            out.append(case((6, 130, 4, 2, 64), lens="0,1,130,63,64,65", block_size=block_size, seed=1))
+            out.append(case((5, 200, 8, 1, 32), lens="200,1,2,3,1", block_size=block_size, num_splits=4, seed=2))
+            out += [case((2, 40, hq, hkv, 32), lens="40,17", block_size=block_size, seed=hq)
+                    for hq, hkv in GQA]
+        out += [case((2, 33, 4, 2, d), lens="33,20", seed=d) for d in HEAD_DIMS]
+        out += [case((2, 50, 4, 2, 32), lens="50,31", block_size=bs, seed=bs) for bs in (1, 7, 64)]
+        out += [case((3, 64, 4, 2, 32), lens="64,10,0", num_splits=n, seed=n) for n in (1, 2, 3, 16)]
+        out += [case((2, 40, 4, 2, 32), lens="40,39", layout=lay, seed=7) for lay in ("transposed", "sliced", "offset")]
+        out += [case((2, 40, 4, 2, 32), lens="40,33", values=v, seed=8) for v in ATTN_REGIMES[1:]]
+        return out
+
+
+OPS = {op.name: op for op in (FlashAttention(), DecodeAttention())}

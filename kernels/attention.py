@@ -1,0 +1,489 @@
+"""Attention: FlashAttention forward (fixed-length or packed varlen batches) and decode attention
+over a contiguous or paged KV cache (flash-decoding).
+
+Both use the online softmax: scores are produced a tile of keys at a time, a running row max m
+and row sum l are kept in fp32, and the output accumulator is rescaled by exp(m_old - m_new) as
+the max grows, so no T x T matrix ever exists. Scores are kept in base 2 (scale * log2(e) is
+folded into one multiply) and exponentiated with exp2. Causal masks are bottom-right aligned:
+key j is visible from query i iff j <= i + (Tk - Tq). A query row that sees no key gives zeros
+and a log-sum-exp of -inf.
+
+GQA: query head h reads KV head h // (Hq // Hkv). The prefill kernel gives each program one
+query head and a tile of queries; the decode kernel gives each program one KV head and all the
+query heads that share it, so each cache block is read once per group.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import check_finite, check_same_device, check_same_dtype, check_tensor, new_out
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+MAX_HEAD_DIM = 256
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+@triton.jit
+def _online_softmax_step(acc, m_i, l_i, s, v, qk_scale, PRECISION: tl.constexpr):
+    """Fold one tile of raw scores s = q k^T [M, N] and values v [N, D] into (acc, m, l).
+
+    m is the running max of the raw scores, and weights are exp2((s - m) * scale * log2(e)):
+    the difference of two nearby scores is exact, so the dominant keys keep fp32 accuracy even
+    for huge logits (scaling first would round each score by |s| * 2^-24). Rows whose max is
+    still -inf (nothing visible yet) use 0 as their reference, so exp2(-inf - ref) is 0, not NaN."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    ref = tl.where(m_new == -float("inf"), 0.0, m_new)
+    alpha = tl.exp2((m_i - ref) * qk_scale)
+    p = tl.exp2((s - ref[:, None]) * qk_scale)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _load_tile(ptrs, row_ok, d_ok, ROW_MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    """A [rows, BLOCK_D] tile; masks only where they can be false (a mask the compiler cannot
+    prove true blocks vectorised loads), zeros where they are."""
+    if ROW_MASK:
+        if EVEN_D:
+            return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+        return tl.load(ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if EVEN_D:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+
+
+@triton.jit(do_not_specialize=["Tq", "Tk"])
+def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, Tq, Tk, Hq, GROUP, D,
+                     sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                     so_b, so_t, so_h, sl_b, sl_h, sl_t, qk_scale,
+                     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_LSE: tl.constexpr, EVEN_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = (bh // Hq).to(tl.int64)
+    h = bh % Hq
+    kvh = h // GROUP
+    if VARLEN:
+        # Packed sequences: rows [cu[b], cu[b+1]) of the [total, H, D] tensors belong to sequence b.
+        q_start = tl.load(cu_q_ptr + b).to(tl.int64)
+        k_start = tl.load(cu_k_ptr + b).to(tl.int64)
+        seq_q = (tl.load(cu_q_ptr + b + 1) - q_start).to(tl.int32)
+        seq_k = (tl.load(cu_k_ptr + b + 1) - k_start).to(tl.int32)
+        q_base = q_ptr + q_start * sq_t + h * sq_h
+        k_base = k_ptr + k_start * sk_t + kvh * sk_h
+        v_base = v_ptr + k_start * sv_t + kvh * sv_h
+        o_base = o_ptr + q_start * so_t + h * so_h
+        lse_base = lse_ptr + h * sl_h + q_start * sl_t
+    else:
+        seq_q = Tq
+        seq_k = Tk
+        q_base = q_ptr + b * sq_b + h * sq_h
+        k_base = k_ptr + b * sk_b + kvh * sk_h
+        v_base = v_ptr + b * sv_b + kvh * sv_h
+        o_base = o_ptr + b * so_b + h * so_h
+        lse_base = lse_ptr + b * sl_b + h * sl_h
+    if start_m >= seq_q:
+        return
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < seq_q
+    d_ok = offs_d < D           # EVEN_D (D == BLOCK_D): the loads drop this mask
+    q = _load_tile(q_base + offs_m[:, None].to(tl.int64) * sq_t + offs_d[None, :] * sq_d, m_ok, d_ok, True, EVEN_D)
+    # K/V tiles are addressed as a scalar base pointer, advanced BLOCK_N rows per step, plus
+    # loop-invariant int32 offsets within the tile (the launcher keeps them below 2^31). A
+    # loop-carried [BLOCK_N, BLOCK_D] tensor of 64-bit pointers instead costs 4x the registers
+    # and spilled: 107 against 420+ TFLOP/s at D = 128 on an H200 (bench/NOTES.md).
+    k_offs = offs_n[:, None] * sk_t + offs_d[None, :] * sk_d
+    v_offs = offs_n[:, None] * sv_t + offs_d[None, :] * sv_d
+
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # Keys [0, full_end) are visible to every row of this tile and lie in whole blocks: no mask.
+    # Keys [full_end, hi) need the causal and the length masks. Keys past hi are never read.
+    diag = seq_k - seq_q
+    if CAUSAL:
+        full_end = tl.minimum(seq_k, tl.maximum(0, start_m + diag + 1))
+        hi = tl.minimum(seq_k, tl.maximum(0, start_m + BLOCK_M + diag))
+    else:
+        full_end = seq_k
+        hi = seq_k
+    full_end = (full_end // BLOCK_N) * BLOCK_N
+    for start_n in range(0, full_end, BLOCK_N):
+        k = _load_tile(k_base + k_offs, offs_n, d_ok, False, EVEN_D)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        v = _load_tile(v_base + v_offs, offs_n, d_ok, False, EVEN_D)
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, qk_scale, PRECISION)
+        k_base += BLOCK_N * sk_t
+        v_base += BLOCK_N * sv_t
+    for start_n in range(full_end, hi, BLOCK_N):
+        n_ok = start_n + offs_n < seq_k
+        k = _load_tile(k_base + k_offs, n_ok, d_ok, True, EVEN_D)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        visible = n_ok[None, :]
+        if CAUSAL:
+            visible = visible & (start_n + offs_n[None, :] <= offs_m[:, None] + diag)
+        s = tl.where(visible, s, -float("inf"))
+        v = _load_tile(v_base + v_offs, n_ok, d_ok, True, EVEN_D)
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, qk_scale, PRECISION)
+        k_base += BLOCK_N * sk_t
+        v_base += BLOCK_N * sv_t
+
+    # A row that saw nothing has l == 0: zeros and lse -inf. (l is NaN, not 0, when a NaN was
+    # read, and then the NaN propagates.)
+    out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
+    tl.store(o_base + offs_m[:, None].to(tl.int64) * so_t + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & d_ok[None, :])
+    if HAS_LSE:
+        lse = tl.where(l_i == 0.0, -float("inf"), (m_i * qk_scale + tl.log2(l_i)) * 0.6931471805599453)
+        tl.store(lse_base + offs_m.to(tl.int64) * sl_t, lse, mask=m_ok)
+
+
+@triton.jit
+def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, lse_ptr, GROUP, D, chunk, block_size,
+                   sq_b, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, st_b,
+                   so_b, so_h, so_s, sl_b, sl_h, qk_scale,
+                   PAGED: tl.constexpr, FINAL: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_G: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """One program: batch row b, KV head kvh, and cache positions [split * chunk, (split+1) * chunk).
+
+    FINAL: a single split, so write the normalised output straight into `out`. Otherwise write
+    the split's normalised partial output (fp32) and its base-2 log-sum-exp for the combine."""
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seqlen = tl.load(seqlens_ptr + b).to(tl.int32)
+    lo = split * chunk
+    hi = tl.minimum(seqlen, lo + chunk)
+
+    g = tl.arange(0, BLOCK_G)
+    h = kvh * GROUP + g
+    g_ok = g < GROUP
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q = _load_tile(q_ptr + b * sq_b + h[:, None] * sq_h + offs_d[None, :] * sq_d, g_ok, d_ok, True, EVEN_D)
+
+    m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + offs_n
+        pos_ok = pos < hi
+        if PAGED:
+            # Each position finds its page: a tile may straddle pages of any size.
+            page = tl.load(table_ptr + b * st_b + pos // block_size, mask=pos_ok, other=0).to(tl.int64)
+            slot = (pos % block_size).to(tl.int64)
+            k_row = page * sk_b + slot * sk_t
+            v_row = page * sv_b + slot * sv_t
+        else:
+            k_row = b * sk_b + pos.to(tl.int64) * sk_t
+            v_row = b * sv_b + pos.to(tl.int64) * sv_t
+        # Slots past seqlen are never read (the row mask).
+        k = _load_tile(k_ptr + k_row[:, None] + kvh * sk_h + offs_d[None, :] * sk_d, pos_ok, d_ok, True, EVEN_D)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = tl.where(pos_ok[None, :], s, -float("inf"))
+        v = _load_tile(v_ptr + v_row[:, None] + kvh * sv_h + offs_d[None, :] * sv_d, pos_ok, d_ok, True, EVEN_D)
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, qk_scale, PRECISION)
+
+    out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
+    o_ptrs = o_ptr + b * so_b + h[:, None] * so_h + split * so_s + offs_d[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    if not FINAL:
+        lse = tl.where(l_i == 0.0, -float("inf"), m_i * qk_scale + tl.log2(l_i))     # base 2
+        tl.store(lse_ptr + b * sl_b + h * sl_h + split, lse, mask=g_ok)
+
+
+@triton.jit
+def _decode_combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, Hq, D, num_splits,
+                           sp_b, sp_h, sp_s, sl_b, sl_h, so_b, so_h,
+                           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse): the exact merge of the
+    splits' softmaxes. Splits that saw nothing have lse -inf and weight 0."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < num_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    lse = tl.load(part_lse_ptr + b * sl_b + h * sl_h + s, mask=s_ok, other=-float("inf"))
+    m = tl.max(lse, axis=0)
+    ref = tl.where(m == -float("inf"), 0.0, m)
+    w = tl.exp2(lse - ref)
+    parts = tl.load(part_o_ptr + b * sp_b + h * sp_h + s[:, None] * sp_s + offs_d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    total = tl.sum(w, axis=0)
+    out = tl.sum(w[:, None] * parts, axis=0)
+    out = tl.where(total == 0.0, 0.0, out / total)
+    tl.store(o_ptr + b * so_b + h * so_h + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+
+def _check_heads(name_q, hq, name_k, hkv):
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"{name_k}: expected a number of KV heads that divides the {hq} query heads of "
+                         f"{name_q}, got {hkv}")
+
+
+def _check_head_dim(name, d):
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"{name}: expected a head dim in [1, {MAX_HEAD_DIM}], got {d}")
+
+
+def _scale(scale, d):
+    if scale is None:
+        return d ** -0.5
+    return check_finite("scale", scale, positive=True)
+
+
+def _precision(dtype):
+    # fp32 inputs get true fp32 products (the GPU would otherwise round them to TF32).
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _fwd_blocks(seq_q, seq_k, d, elem_size, block_m, block_n):
+    """Tile sizes and warps, from the H200 sweep in bench/NOTES.md (bf16, S 4096), clipped to the
+    sequence so short ones (and the interpreter's small cases) do not pay for empty rows."""
+    if d <= 64:
+        bm, bn, warps, stages = 64, 64, 4, 3
+    elif d <= 128:
+        bm, bn, warps, stages = 128, 128, 8, 2
+    else:   # a [64, 256] fp32 accumulator already takes 64 registers a thread over 8 warps
+        bm, bn, warps, stages = 64, 64, 8, 2
+    bm = block_m or min(bm, max(16, triton.next_power_of_2(max(seq_q, 1))))
+    bn = block_n or min(bn, max(16, triton.next_power_of_2(max(seq_k, 1))))
+    for name, v in (("block_m", bm), ("block_n", bn)):
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{name}: expected a power of two >= 16, got {v}")
+    bn, stages = _fit_shared(bm, bn, stages, d, elem_size, fixed_bn=block_n is not None)
+    return bm, bn, warps, stages
+
+
+# Shared memory a launch may plan for: the H100/H200 give a block 227 KiB (232448 bytes).
+_SHARED_BYTES = 224 * 1024
+
+
+def _fit_shared(resident_rows, bn, stages, d, elem_size, fixed_bn=False):
+    """Fewer stages, then a shorter K/V tile, until the resident tile (q: resident_rows x D) and
+    `stages` buffered K and V tiles fit in shared memory (fp32 at D = 256 needs it: 282 KB were
+    asked for at BLOCK_N 64 and 3 stages)."""
+    block_d = max(16, triton.next_power_of_2(d))
+
+    def need(bn, stages):
+        return (resident_rows + 2 * stages * bn) * block_d * elem_size
+
+    while need(bn, stages) > _SHARED_BYTES and stages > 2:
+        stages -= 1
+    while need(bn, stages) > _SHARED_BYTES and bn > 16 and not fixed_bn:
+        bn //= 2
+    return bn, stages
+
+
+def _check_cu(name, cu, batch_hint, total, device):
+    check_tensor(name, cu, dtypes=_INT_DTYPES, ndim=1)
+    if cu.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {cu.device}")
+    if cu.numel() < 1:
+        raise ValueError(f"{name}: expected at least one entry (0), got none")
+    host = cu.detach().cpu()
+    if int(host[0]) != 0 or bool((host[1:] < host[:-1]).any()) or int(host[-1]) > total:
+        raise ValueError(f"{name}: expected non-decreasing offsets from 0 to at most {total} (the rows "
+                         f"of the packed tensor), got {host.tolist()}")
+    if batch_hint is not None and cu.numel() != batch_hint:
+        raise ValueError(f"{name}: expected {batch_hint} entries like cu_seqlens_q, got {cu.numel()}")
+    return int((host[1:] - host[:-1]).max()) if cu.numel() > 1 else 0
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None, *, return_lse: bool = False,
+                    cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                    out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
+                    block_m: int | None = None, block_n: int | None = None):
+    """softmax(q k^T * scale + causal mask) v, one pass, no T x T buffer.
+
+    Fixed length: q [B, Tq, Hq, D], k and v [B, Tk, Hkv, D], any strides; returns out like q
+    (contiguous) and, with return_lse, the fp32 log-sum-exp [B, Hq, Tq].
+    Varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D] with cu_seqlens_q/cu_seqlens_k [B + 1]
+    prefix sums (zero-length sequences allowed); lse is [Hq, total_q]. Rows past the last
+    offset are padding: never read, and their outputs are not written.
+    """
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    nd = 3 if varlen else 4
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=nd)
+    check_same_dtype(q=q, k=k, v=v)
+    check_same_device(q=q, k=k, v=v, out=out, lse_out=lse_out)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    D = q.shape[-1]
+    _check_head_dim("q", D)
+    for name, t in (("k", k), ("v", v)):
+        if t.shape[-1] != D:
+            raise ValueError(f"{name}: expected head dim {D} like q, got {t.shape[-1]}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    Hq, Hkv = q.shape[-2], k.shape[-2]
+    _check_heads("q", Hq, "k", Hkv)
+    scale = _scale(scale, D)
+
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
+            raise ValueError(f"{missing}: expected both cu_seqlens_q and cu_seqlens_k for a varlen batch")
+        max_q = _check_cu("cu_seqlens_q", cu_seqlens_q, None, q.shape[0], q.device)
+        max_k = _check_cu("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.numel(), k.shape[0], q.device)
+        B, Tq, Tk = cu_seqlens_q.numel() - 1, max_q, max_k
+        lse_shape = (Hq, q.shape[0])
+    else:
+        B, Tq = q.shape[:2]
+        Tk = k.shape[1]
+        if k.shape[0] != B:
+            raise ValueError(f"k: expected batch {B} like q, got {k.shape[0]}")
+        lse_shape = (B, Hq, Tq)
+    out = new_out(out, q.shape, q.dtype, q.device)
+    lse = new_out(lse_out, lse_shape, torch.float32, q.device, "lse_out") if return_lse else None
+    if q.numel() and B and Hq:
+        bm, bn, warps, stages = _fwd_blocks(Tq, Tk, D, q.element_size(), block_m, block_n)
+        block_d = max(16, triton.next_power_of_2(D))
+        if max(bn * t.stride(-3) + block_d * t.stride(-1) for t in (k, v)) >= 2**31:
+            k, v = k.contiguous(), v.contiguous()       # keeps the kernel's in-tile offsets in int32
+        lse_arg = lse if lse is not None else out
+        if varlen:   # [total, H, D] tensors: no batch stride; sequence b starts at row cu[b]
+            sq, sk, sv = (0, *q.stride()), (0, *k.stride()), (0, *v.stride())
+            so = (0, *out.stride()[:2])
+            sl = (0, *lse.stride()) if lse is not None else (0, 0, 0)
+        else:
+            sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()[:3]
+            sl = lse.stride() if lse is not None else (0, 0, 0)
+        _attn_fwd_kernel[(triton.cdiv(Tq, bm), B * Hq)](
+            q, k, v, out, lse_arg, cu_seqlens_q if varlen else q, cu_seqlens_k if varlen else q,
+            Tq, Tk, Hq, Hq // Hkv, D, *sq, *sk, *sv, *so, *sl, scale * _LOG2E,
+            CAUSAL=causal, VARLEN=varlen, HAS_LSE=lse is not None, EVEN_D=D == block_d, BLOCK_M=bm, BLOCK_N=bn,
+            BLOCK_D=block_d, PRECISION=_precision(q.dtype),
+            num_warps=warps, num_stages=stages)
+    elif lse is not None:
+        lse.fill_(-float("inf"))
+    return (out, lse) if return_lse else out
+
+
+def _decode_splits(B, Hkv, capacity, block_n, num_splits):
+    """About 2048 programs (16 per SM of an H100/H200: a decode program is a chain of dependent
+    loads, and more of them in flight hide the latency; bench/NOTES.md), but no split shorter
+    than 4 tiles: the combine step is not free."""
+    if num_splits is None:
+        wanted = triton.cdiv(2048, max(1, B * Hkv))
+        num_splits = max(1, min(wanted, triton.cdiv(capacity, 4 * block_n)))
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
+    chunk = triton.cdiv(triton.cdiv(max(capacity, 1), num_splits), block_n) * block_n
+    return num_splits, chunk
+
+
+def _decode_launch(d):
+    """Warps and stages of the decode kernel (a hook for bench/explore_decode.py)."""
+    return dict(num_warps=4, num_stages=3)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor,
+                     scale: float | None = None, *, block_table: torch.Tensor | None = None,
+                     num_splits: int | None = None, out: torch.Tensor | None = None,
+                     block_n: int | None = None) -> torch.Tensor:
+    """One query token per sequence against a KV cache; returns [B, Hq, D].
+
+    Contiguous: caches [B, Tmax, Hkv, D]; row b attends to positions < seqlens[b] (0: zeros).
+    Paged: caches [num_blocks, block_size, Hkv, D] and block_table [B, max_blocks], position p of
+    row b living in block block_table[b, p // block_size]. Long contexts are split across
+    programs (num_splits, chosen by shape unless given) and merged exactly.
+    """
+    check_tensor("q", q, ndim=3)
+    check_tensor("k_cache", k_cache, ndim=4)
+    check_tensor("v_cache", v_cache, ndim=4)
+    check_tensor("seqlens", seqlens, dtypes=_INT_DTYPES, ndim=1)
+    check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
+    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, seqlens=seqlens, block_table=block_table, out=out)
+    B, Hq, D = q.shape
+    _check_head_dim("q", D)
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    if k_cache.shape[3] != D:
+        raise ValueError(f"k_cache: expected head dim {D} like q, got {k_cache.shape[3]}")
+    Hkv = k_cache.shape[2]
+    _check_heads("q", Hq, "k_cache", Hkv)
+    if seqlens.shape[0] != B:
+        raise ValueError(f"seqlens: expected {B} entries (one per batch row of q), got {seqlens.shape[0]}")
+    scale = _scale(scale, D)
+    if block_table is not None:
+        check_tensor("block_table", block_table, dtypes=_INT_DTYPES, ndim=2)
+        if block_table.shape[0] != B:
+            raise ValueError(f"block_table: expected {B} rows (one per batch row of q), got {block_table.shape[0]}")
+        block_size = k_cache.shape[1]
+        capacity = block_table.shape[1] * block_size
+    else:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"k_cache: expected batch {B} like q, got {k_cache.shape[0]}")
+        block_size = 1
+        capacity = k_cache.shape[1]
+    # One host sync checks every length and page index this call can touch.
+    if B:
+        longest = seqlens.max()
+        shortest = seqlens.min()
+        checks = [longest, shortest]
+        if block_table is not None:
+            used = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < seqlens[:, None]
+            checks += [torch.where(used, block_table, 0).min(), torch.where(used, block_table, 0).max()]
+        stats = torch.stack([c.to(torch.int64) for c in checks]).tolist()
+        if stats[1] < 0 or stats[0] > capacity:
+            raise ValueError(f"seqlens: expected lengths in [0, {capacity}] (the cache's capacity), "
+                             f"got min {stats[1]} max {stats[0]}")
+        if block_table is not None and (stats[2] < 0 or stats[3] >= k_cache.shape[0]):
+            raise ValueError(f"block_table: expected block indices in [0, {k_cache.shape[0]}) for the "
+                             f"positions in use, got min {stats[2]} max {stats[3]}")
+    out = new_out(out, q.shape, q.dtype, q.device)
+    if out.numel() == 0:
+        return out
+
+    bn = block_n or (16 if capacity <= 16 else 64)
+    if block_table is None:
+        bn = min(bn, max(16, triton.next_power_of_2(capacity)))
+    splits, chunk = _decode_splits(B, Hkv, capacity, bn, num_splits)
+    group = Hq // Hkv
+    block_g = max(16, triton.next_power_of_2(group))
+    block_d = max(16, triton.next_power_of_2(D))
+    table = block_table if block_table is not None else seqlens
+    st_b = block_table.stride(0) if block_table is not None else 0
+    launch = _decode_launch(D)
+    bn, launch["num_stages"] = _fit_shared(block_g, bn, launch["num_stages"], D, q.element_size(),
+                                           fixed_bn=block_n is not None)
+    common = dict(PAGED=block_table is not None, EVEN_D=D == block_d, BLOCK_G=block_g, BLOCK_N=bn, BLOCK_D=block_d,
+                  PRECISION=_precision(q.dtype), **launch)
+    if splits == 1:
+        _decode_kernel[(B, Hkv, 1)](
+            q, k_cache, v_cache, seqlens, table, out, out, group, D, chunk, block_size,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), st_b,
+            out.stride(0), out.stride(1), 0, 0, 0, scale * _LOG2E, FINAL=True, **common)
+        return out
+    part_o = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device)
+    _decode_kernel[(B, Hkv, splits)](
+        q, k_cache, v_cache, seqlens, table, part_o, part_lse, group, D, chunk, block_size,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), st_b,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        scale * _LOG2E, FINAL=False, **common)
+    _decode_combine_kernel[(B, Hq)](
+        part_o, part_lse, out, Hq, D, splits, part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+        BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4)
+    return out

@@ -1,0 +1,127 @@
+"""Attention in float64: one sequence and one head at a time, the full score matrix, an explicit
+boolean mask, and the textbook softmax (no online softmax, no tiling).
+
+Masked keys take no part in a row: their scores are replaced (not added to) by -inf and their
+values are never multiplied in, so a NaN or an infinity in a masked key or value does not reach
+the rows that cannot see it. Visible NaN and infinities propagate as the float64 formula says,
+except that a row whose visible scores are all -inf attends to nothing (zeros, lse -inf), as a
+fully masked row does.
+"""
+import numpy as np
+
+from oracles._np import f64, tensor
+
+
+def _visible(Tq, Tk, causal):
+    """[Tq, Tk] boolean: key j is visible from query i (bottom-right aligned when causal)."""
+    if not causal:
+        return np.ones((Tq, Tk), dtype=bool)
+    i = np.arange(Tq)[:, None]
+    j = np.arange(Tk)[None, :]
+    return j <= i + (Tk - Tq)
+
+
+def _head(q, k, v, visible, scale):
+    """One head of one sequence: q [Tq, D], k [Tk, D], v [Tk, Dv] -> out [Tq, Dv], lse [Tq]."""
+    s = np.where(visible, (q @ k.T) * scale, -np.inf)
+    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+    e = np.where(visible, np.exp(s - m), 0.0)
+    total = np.sum(e, axis=-1, keepdims=True)
+    p = e / total
+    p = np.where(visible, p, 0.0)              # masked keys (and rows with nothing visible): 0
+    # out[i] = sum over visible j of p[i, j] * v[j]. The product p @ v would also multiply the
+    # masked keys' zeros into their values (0 * inf = NaN), so non-finite values are left out of
+    # it and their terms added one value column at a time, visible terms only.
+    finite = np.isfinite(v)
+    out = p @ np.where(finite, v, 0.0)
+    for d in np.nonzero(~finite.all(axis=0))[0]:
+        js = np.nonzero(~finite[:, d])[0]
+        out[:, d] += np.sum(np.where(visible[:, js], p[:, js] * v[js, d], 0.0), axis=-1)
+    lse = (m + np.log(total))[:, 0]
+    # A row whose visible scores are all -inf attends to nothing, like a fully masked row:
+    # zeros and lse -inf (PyTorch's SDPA does the same). A NaN score still propagates.
+    anything = (visible & (s != -np.inf)).any(axis=-1)
+    return np.where(anything[:, None], out, 0.0), np.where(anything, lse, -np.inf)
+
+
+def _sequence(q, k, v, causal, scale):
+    """q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> out [Tq, Hq, Dv], lse [Hq, Tq]."""
+    Tq, Hq, _ = q.shape
+    Tk, Hkv, Dv = v.shape
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"Hq ({Hq}) must be a multiple of Hkv ({Hkv})")
+    group = Hq // Hkv
+    visible = _visible(Tq, Tk, causal)
+    out = np.zeros((Tq, Hq, Dv))
+    lse = np.full((Hq, Tq), -np.inf)
+    for h in range(Hq):
+        out[:, h], lse[h] = _head(q[:, h], k[:, h // group], v[:, h // group], visible, scale)
+    return out, lse
+
+
+def _default_scale(q, scale):
+    return q.shape[-1] ** -0.5 if scale is None else float(scale)
+
+
+def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """Fixed length: q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] -> out [B, Tq, Hq, D], lse [B, Hq, Tq].
+    Varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens_* [B + 1]
+    -> out [total_q, Hq, D], lse [Hq, total_q]. lse is the natural log-sum-exp of the scaled,
+    masked scores of each query row; a row that sees no key has out 0 and lse -inf."""
+    scale = _default_scale(q, scale)
+    qn, kn, vn = f64(q), f64(k), f64(v)
+    with np.errstate(all="ignore"):
+        if cu_seqlens_q is None and cu_seqlens_k is None:
+            B, Tq, Hq, _ = qn.shape
+            out = np.zeros((B, Tq, Hq, vn.shape[-1]))
+            lse = np.full((B, Hq, Tq), -np.inf)
+            for b in range(B):
+                out[b], lse[b] = _sequence(qn[b], kn[b], vn[b], causal, scale)
+            return tensor(out), tensor(lse)
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
+        cq = np.asarray(cu_seqlens_q.detach().cpu().tolist(), dtype=np.int64)
+        ck = np.asarray(cu_seqlens_k.detach().cpu().tolist(), dtype=np.int64)
+        if cq.shape != ck.shape or cq.ndim != 1 or len(cq) < 1:
+            raise ValueError(f"cu_seqlens_q {tuple(cq.shape)} and cu_seqlens_k {tuple(ck.shape)} "
+                             "must both be [B + 1]")
+        for name, c, total in (("cu_seqlens_q", cq, qn.shape[0]), ("cu_seqlens_k", ck, kn.shape[0])):
+            if c[0] != 0 or np.any(np.diff(c) < 0) or c[-1] > total:
+                raise ValueError(f"{name} must start at 0, not decrease and end at most at {total}; "
+                                 f"got {c.tolist()}")
+        total_q, Hq, _ = qn.shape
+        out = np.zeros((total_q, Hq, vn.shape[-1]))
+        lse = np.full((Hq, total_q), -np.inf)
+        for b in range(len(cq) - 1):
+            q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+            out[q0:q1], lse[:, q0:q1] = _sequence(qn[q0:q1], kn[k0:k1], vn[k0:k1], causal, scale)
+        return tensor(out), tensor(lse)
+
+
+def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
+    """q [B, Hq, D]; caches [B, Tmax, Hkv, D], or with block_table [B, max_blocks] paged caches
+    [num_blocks, block_size, Hkv, D] (position p of row b at block_table[b, p // block_size],
+    slot p % block_size). Row b attends to positions < seqlens[b] -> out [B, Hq, D]."""
+    scale = _default_scale(q, scale)
+    qn, kc, vc = f64(q), f64(k_cache), f64(v_cache)
+    lens = [int(n) for n in seqlens.detach().cpu().tolist()]
+    table = None if block_table is None else np.asarray(block_table.detach().cpu().tolist(), dtype=np.int64)
+    B, Hq, _ = qn.shape
+    out = np.zeros((B, Hq, vc.shape[-1]))
+    with np.errstate(all="ignore"):
+        for b, n in enumerate(lens):
+            if table is None:
+                if not 0 <= n <= kc.shape[1]:
+                    raise ValueError(f"seqlens[{b}] = {n} is outside [0, {kc.shape[1]}]")
+                k, v = kc[b, :n], vc[b, :n]
+            else:
+                block_size = kc.shape[1]
+                if not 0 <= n <= table.shape[1] * block_size:
+                    raise ValueError(f"seqlens[{b}] = {n} is outside [0, {table.shape[1] * block_size}]")
+                pos = np.arange(n)
+                blocks = table[b, pos // block_size]
+                if np.any((blocks < 0) | (blocks >= kc.shape[0])):
+                    raise ValueError(f"block_table[{b}] names blocks outside [0, {kc.shape[0]})")
+                k, v = kc[blocks, pos % block_size], vc[blocks, pos % block_size]
+            out[b] = _sequence(qn[b][None], k, v, False, scale)[0][0]
+    return tensor(out)

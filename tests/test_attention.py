@@ -1,0 +1,120 @@
+"""Attention properties that need no oracle: packing, paging, layouts and repetition change
+nothing, and decode agrees with the last row of a causal prefill.
+
+Run in fp32 and fp16 (bf16 is judged against the oracle in tests/test_ops.py, on the GPU: the
+interpreter cannot compute bf16 tl.dot, see harness/gaps.py). Equalities are bitwise where the
+two runs use the same tiles in the same order."""
+import pytest
+import torch
+
+import kernels
+from harness.cases import TORCH_DTYPES
+
+DTYPES = ("float32", "float16")
+
+
+def _rand(shape, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(TORCH_DTYPES[dtype]).to(device)
+
+
+def _params(op):
+    return [pytest.param(op, d, id=f"{op}-{d}", marks=pytest.mark.op(op)) for d in DTYPES]
+
+
+@pytest.mark.parametrize("op,dtype", _params("flash_attention"))
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_batch_equals_sequences_one_by_one(op, dtype, causal, backend):
+    lens_q, lens_k = [3, 0, 7, 1, 5], [5, 2, 9, 0, 3]
+    dev = backend.device
+    q = _rand((sum(lens_q), 4, 16), dtype, dev, 1)
+    k = _rand((sum(lens_k), 2, 16), dtype, dev, 2)
+    v = _rand((sum(lens_k), 2, 16), dtype, dev, 3)
+    cq = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    ck = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    tiles = dict(block_m=16, block_n=16)
+    out, lse = kernels.flash_attention(q, k, v, causal, return_lse=True, cu_seqlens_q=cq, cu_seqlens_k=ck, **tiles)
+    for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+        if nq == 0:
+            continue
+        qs, ks = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+        o1, l1 = kernels.flash_attention(q[qs][None], k[ks][None], v[ks][None], causal, return_lse=True, **tiles)
+        assert torch.equal(out[qs], o1[0]), f"sequence {b}: packed output differs from the sequence alone"
+        assert torch.equal(lse[:, qs], l1[0]), f"sequence {b}: packed lse differs from the sequence alone"
+
+
+def _cache(dtype, dev, B=3, T=50, H=2, D=16):
+    k = _rand((B, T, H, D), dtype, dev, 4)
+    v = _rand((B, T, H, D), dtype, dev, 5)
+    return k, v
+
+
+def _paged(k, v, block_size, seed):
+    """The same cache as pages of block_size positions, in a random order."""
+    B, T, H, D = k.shape
+    per_row = -(-T // block_size)
+    order = torch.randperm(B * per_row + 2, generator=torch.Generator().manual_seed(seed))
+    table = order[:B * per_row].view(B, per_row)
+    kp = torch.zeros((B * per_row + 2, block_size, H, D), dtype=k.dtype, device=k.device)
+    vp = torch.zeros_like(kp)
+    for b in range(B):
+        for j in range(per_row):
+            n = min(block_size, T - j * block_size)
+            kp[table[b, j], :n] = k[b, j * block_size:j * block_size + n]
+            vp[table[b, j], :n] = v[b, j * block_size:j * block_size + n]
+    return kp, vp, table.to(torch.int32).to(k.device)
+
+
+@pytest.mark.parametrize("op,dtype", _params("decode_attention"))
+def test_paged_equals_contiguous_whatever_the_pages(op, dtype, backend):
+    dev = backend.device
+    k, v = _cache(dtype, dev)
+    q = _rand((3, 4, 16), dtype, dev, 6)
+    seqlens = torch.tensor([50, 17, 33], dtype=torch.int32, device=dev)
+    fixed = dict(num_splits=2, block_n=16)
+    want = kernels.decode_attention(q, k, v, seqlens, **fixed)
+    for block_size, seed in ((16, 0), (16, 1), (8, 2), (1, 3), (64, 4)):
+        kp, vp, table = _paged(k, v, block_size, seed)
+        got = kernels.decode_attention(q, kp, vp, seqlens, block_table=table, **fixed)
+        assert torch.equal(got, want), f"paged (block size {block_size}, permutation {seed}) differs from contiguous"
+
+
+@pytest.mark.parametrize("op,dtype", _params("flash_attention"))
+def test_strided_view_gives_the_bits_of_its_contiguous_copy(op, dtype, backend):
+    dev = backend.device
+    qh = _rand((2, 4, 24, 32), dtype, dev, 7)         # [B, H, T, D] storage, viewed as [B, T, H, D]
+    kh = _rand((2, 2, 30, 32), dtype, dev, 8)
+    vh = _rand((2, 2, 30, 32), dtype, dev, 9)
+    q, k, v = (t.transpose(1, 2) for t in (qh, kh, vh))
+    strided = kernels.flash_attention(q, k, v, True)
+    contiguous = kernels.flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), True)
+    assert torch.equal(strided, contiguous)
+
+
+@pytest.mark.parametrize("op,dtype", _params("decode_attention"))
+def test_decode_equals_the_last_row_of_causal_prefill(op, dtype, backend, budgets):
+    dev = backend.device
+    q = _rand((2, 9, 4, 32), dtype, dev, 10)
+    k = _rand((2, 40, 2, 32), dtype, dev, 11)
+    v = _rand((2, 40, 2, 32), dtype, dev, 12)
+    prefill = kernels.flash_attention(q, k, v, True)[:, -1]
+    decode = kernels.decode_attention(q[:, -1].contiguous(), k, v, torch.tensor([40, 40], device=dev))
+    b = budgets.get("decode_attention", dtype, backend.name)
+    # Two roundings of one result: twice the budget.
+    assert torch.allclose(decode.double(), prefill.double(), atol=2 * b.atol, rtol=2 * b.rtol)
+
+
+@pytest.mark.parametrize("op,dtype", _params("flash_attention") + _params("decode_attention"))
+def test_two_runs_give_identical_bits(op, dtype, backend):
+    dev = backend.device
+    if op == "flash_attention":
+        q, k, v = _rand((2, 33, 4, 16), dtype, dev, 13), _rand((2, 47, 2, 16), dtype, dev, 14), \
+            _rand((2, 47, 2, 16), dtype, dev, 15)
+        run = lambda: kernels.flash_attention(q, k, v, True, return_lse=True)  # noqa: E731
+    else:
+        k, v = _cache(dtype, dev)
+        q = _rand((3, 4, 16), dtype, dev, 16)
+        seqlens = torch.tensor([50, 1, 0], dtype=torch.int32, device=dev)
+        run = lambda: (kernels.decode_attention(q, k, v, seqlens, num_splits=3),)  # noqa: E731
+    first, second = run(), run()
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
