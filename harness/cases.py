@@ -36,6 +36,7 @@ REGIMES = (
     "outlier",     # N(0, 1) with one entry per row at +-1000
     "nonfinite",   # N(0, 1) with a few NaN, +inf, -inf
     "neginf",      # 3 N(0, 1) with a quarter of entries -inf and the first row all -inf
+    "zero",        # all zeros (AdamW: zero gradients)
 )
 LARGE = {"float32": 1e15, "bfloat16": 1e15, "float16": 1e4}
 TINY = {"float32": 1e-39, "bfloat16": 1e-39, "float16": 1e-6}
@@ -127,6 +128,8 @@ def sample(shape, regime: str, dtype: str, gen: torch.Generator) -> torch.Tensor
         specials = torch.tensor([math.nan, math.inf, -math.inf], dtype=torch.float64)
         flat[idx] = specials[torch.arange(idx.numel()) % 3]
         return x
+    if regime == "zero":
+        return torch.zeros_like(x)
     if regime == "neginf":
         x = 3 * x
         x[torch.rand(shape, generator=gen) < 0.25] = -math.inf

@@ -19,6 +19,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "softmax": ("harness.ops.softmax", FLOATS),
     "flash_attention": ("harness.ops.attention", FLOATS),
     "decode_attention": ("harness.ops.attention", FLOATS),
+    "adamw": ("harness.ops.adamw", ("float32", "bfloat16")),
 }
 
 

@@ -97,6 +97,20 @@ BAD = [
     ("decode_attention", "block table out of range", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(4, 4, 2, 16, device=d), T(4, 4, 2, 16, device=d), torch.tensor([3, 8], device=d), block_table=torch.tensor([[0, 1], [2, 4]], device=d)), ValueError, "block_table"),
     ("decode_attention", "block table rows", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(4, 4, 2, 16, device=d), T(4, 4, 2, 16, device=d), torch.tensor([3, 8], device=d), block_table=torch.tensor([[0, 1]], device=d)), ValueError, "block_table"),
     ("decode_attention", "num_splits zero", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d), num_splits=0), ValueError, "num_splits"),
+    # adamw: p, g, m, v and the hyperparameters
+    ("adamw", "g shape", lambda d: kernels.adamw(T(8, device=d), T(9, device=d), T(8, device=d), T(8, device=d), 1), ValueError, "g"),
+    ("adamw", "g dtype", lambda d: kernels.adamw(T(8, device=d), T(8, dtype=torch.bfloat16, device=d), T(8, device=d), T(8, device=d), 1), TypeError, "g"),
+    ("adamw", "p float16", lambda d: kernels.adamw(T(8, dtype=torch.float16, device=d), T(8, dtype=torch.float16, device=d), T(8, device=d), T(8, device=d), 1), TypeError, "p"),
+    ("adamw", "m bf16", lambda d: kernels.adamw(T(8, device=d), T(8, device=d), T(8, dtype=torch.bfloat16, device=d), T(8, device=d), 1), TypeError, "m"),
+    ("adamw", "v shape", lambda d: kernels.adamw(T(8, device=d), T(8, device=d), T(8, device=d), T(4, 2, device=d), 1), ValueError, "v"),
+    ("adamw", "p strided", lambda d: kernels.adamw(T(4, 4, device=d).t(), T(4, 4, device=d), T(4, 4, device=d), T(4, 4, device=d), 1), ValueError, "p"),
+    ("adamw", "step 0", lambda d: kernels.adamw(T(8, device=d), T(8, device=d), T(8, device=d), T(8, device=d), 0), ValueError, "step"),
+    ("adamw", "negative lr", lambda d: kernels.adamw(T(8, device=d), T(8, device=d), T(8, device=d), T(8, device=d), 1, lr=-1e-3), ValueError, "lr"),
+    ("adamw", "beta1 = 1", lambda d: kernels.adamw(T(8, device=d), T(8, device=d), T(8, device=d), T(8, device=d), 1, beta1=1.0), ValueError, "beta1"),
+    ("adamw", "beta2 negative", lambda d: kernels.adamw(T(8, device=d), T(8, device=d), T(8, device=d), T(8, device=d), 1, beta2=-0.1), ValueError, "beta2"),
+    ("adamw", "eps NaN", lambda d: kernels.adamw(T(8, device=d), T(8, device=d), T(8, device=d), T(8, device=d), 1, eps=math.nan), ValueError, "eps"),
+    ("adamw", "negative weight_decay", lambda d: kernels.adamw(T(8, device=d), T(8, device=d), T(8, device=d), T(8, device=d), 1, weight_decay=-0.1), ValueError, "weight_decay"),
+    ("adamw", "optimizer beta2", lambda d: kernels.AdamW([torch.nn.Parameter(T(8, device=d))], betas=(0.9, 1.5)), ValueError, "beta2"),
 ]
 
 

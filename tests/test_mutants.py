@@ -219,12 +219,44 @@ SPECIFIC["decode_attention"] = {
     "last_kv_block_dropped": ({}, lambda i, e: (_decode_as_prefill(i, keys=16),)),
 }
 
+def _adamw(i, *, adam_l2=False, no_bias_correction=False, betas_swapped=False, decay_after=False):
+    """The AdamW trajectory in float64 with pluggable bugs (p rounded to bf16 each step if bf16)."""
+    p, m, v = f64(i["p"]), f64(i["m"]), f64(i["v"])
+    lr, b1, b2, eps, wd = i["lr"], i["beta1"], i["beta2"], i["eps"], i["weight_decay"]
+    if betas_swapped:
+        b1, b2 = b2, b1
+    for t, g in enumerate(f64(i["grads"])):
+        step = i["step0"] + t
+        if adam_l2:                      # Adam with L2: the decay goes into the gradient
+            g = g + wd * p
+        elif not decay_after:
+            p = p * (1 - lr * wd)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        bc1, bc2 = (1.0, 1.0) if no_bias_correction else (1 - b1 ** step, 1 - b2 ** step)
+        p = p - lr / bc1 * m / (np.sqrt(v) / np.sqrt(bc2) + eps)
+        if decay_after:
+            p = p * (1 - lr * wd)
+        if i["p"].dtype == torch.bfloat16:
+            p = torch.from_numpy(p).to(torch.bfloat16).double().numpy()
+    return tensor(p), tensor(m), tensor(v)
+
+
+SPECIFIC["adamw"] = {
+    "adam_instead_of_adamw": ({}, lambda i, e: _adamw(i, adam_l2=True)),
+    "no_bias_correction": ({}, lambda i, e: _adamw(i, no_bias_correction=True)),
+    "moments_swapped": ({}, lambda i, e: _adamw(i, betas_swapped=True)),
+    "decay_after_update": ({}, lambda i, e: _adamw(i, decay_after=True)),
+}
+
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
-        "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16)}
+        "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "adamw": (4, 64)}
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
-               "decode_attention": dict(lens="24,20,17")}
+               "decode_attention": dict(lens="24,20,17"),
+               # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding
+               "adamw": dict(steps=3, lr=0.3, weight_decay=0.5)}
 
 
 def _mutant_params():
