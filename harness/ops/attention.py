@@ -90,7 +90,7 @@ class FlashAttention(Op):
         def draw_case(draw):
             Hq, Hkv = draw(st.sampled_from(GQA))
             D = draw(st.one_of(st.sampled_from(HEAD_DIMS), st.integers(1, 64 if size == "small" else 256)))
-            top = 40 if size == "small" else 700
+            top = 40 if size == "small" else 384     # GPU: several 128-wide tiles; the float64 oracle stays cheap
             params = {"causal": draw(st.booleans()), "scale": draw(st.sampled_from((None, 0.05, 1.0)))}
             layout = draw(st.sampled_from(ATTN_LAYOUTS))
             if draw(st.booleans()):
@@ -102,7 +102,7 @@ class FlashAttention(Op):
                 shape = (Hq, Hkv, D)
                 layout = "contiguous" if layout in ("bhtd", "permuted") else layout
             else:
-                B = draw(st.integers(1, 2 if size == "small" else 4))
+                B = draw(st.integers(1, 2 if size == "small" else 3))
                 shape = (B, draw(st.integers(1, top)), draw(st.integers(1, top)), Hq, Hkv, D)
             return Case.make(self.name, dtype, shape, layout=layout,
                              values=draw(regimes(self.name, dtype, config, ATTN_REGIMES)),
