@@ -19,6 +19,8 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "softmax": ("harness.ops.softmax", FLOATS),
     "flash_attention": ("harness.ops.attention", FLOATS),
     "decode_attention": ("harness.ops.attention", FLOATS),
+    "bias_gelu": ("harness.ops.activations", FLOATS),
+    "embedding": ("harness.ops.embedding", FLOATS),     # the dtype is the table's
 }
 
 
