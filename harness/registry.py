@@ -20,6 +20,8 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "flash_attention": ("harness.ops.attention", FLOATS),
     "decode_attention": ("harness.ops.attention", FLOATS),
     "adamw": ("harness.ops.adamw", ("float32", "bfloat16")),
+    "bias_gelu": ("harness.ops.activations", FLOATS),
+    "embedding": ("harness.ops.embedding", FLOATS),     # the dtype is the table's
 }
 
 

@@ -4,9 +4,11 @@ Import this package only after the backend is chosen: `triton.jit` decides at de
 whether a kernel is compiled for the GPU or run by the interpreter (TRITON_INTERPRET=1).
 """
 from kernels.adamw import AdamW, adamw
+from kernels.activations import bias_gelu
 from kernels.attention import decode_attention, flash_attention
+from kernels.embedding import embedding
 from kernels.norms import add_rmsnorm, layernorm, rmsnorm
 from kernels.rope import rmsnorm_rope, rope
 from kernels.softmax import softmax
 
-__all__ = ["AdamW", "adamw", "decode_attention", "flash_attention", "add_rmsnorm", "layernorm", "rmsnorm", "rmsnorm_rope", "rope", "softmax"]
+__all__ = ["adamw", "AdamW", "add_rmsnorm", "bias_gelu", "decode_attention", "embedding", "flash_attention", "layernorm", "rmsnorm", "rmsnorm_rope", "rope", "softmax"]

@@ -5,9 +5,11 @@ shifted statistics). Each takes torch tensors, computes in float64 on the CPU, a
 float64 torch tensors on the CPU.
 """
 from oracles.adamw import adamw
+from oracles.activations import bias_gelu
 from oracles.attention import decode_attention, flash_attention
+from oracles.embedding import embedding
 from oracles.norms import add_rmsnorm, layernorm, rmsnorm
 from oracles.rope import rmsnorm_rope, rope
 from oracles.softmax import softmax
 
-__all__ = ["adamw", "add_rmsnorm", "decode_attention", "flash_attention", "layernorm", "rmsnorm", "rmsnorm_rope", "rope", "softmax"]
+__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "embedding", "flash_attention", "layernorm", "rmsnorm", "rmsnorm_rope", "rope", "softmax"]

@@ -85,6 +85,29 @@ BAD = [
     ("flash_attention", "cu_seqlens float", lambda d: kernels.flash_attention(T(4, 1, 16, device=d), T(4, 1, 16, device=d), T(4, 1, 16, device=d), cu_seqlens_q=torch.tensor([0.0, 4.0], device=d), cu_seqlens_k=torch.tensor([0, 4], device=d)), TypeError, "cu_seqlens_q"),
     ("flash_attention", "cu_seqlens batches differ", lambda d: kernels.flash_attention(T(4, 1, 16, device=d), T(4, 1, 16, device=d), T(4, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 4], device=d), cu_seqlens_k=torch.tensor([0, 2, 4], device=d)), ValueError, "cu_seqlens_k"),
     ("flash_attention", "lse_out shape", lambda d: kernels.flash_attention(T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, device=d), return_lse=True, lse_out=torch.empty(1, 2, 1, device=d)), ValueError, "lse_out"),
+    # bias_gelu
+    ("bias_gelu", "int input", lambda d: kernels.bias_gelu(torch.ones(2, 4, dtype=torch.int32, device=d)), TypeError, "y"),
+    ("bias_gelu", "0-d input", lambda d: kernels.bias_gelu(torch.tensor(1.0, device=d)), ValueError, "y"),
+    ("bias_gelu", "bias length", lambda d: kernels.bias_gelu(T(2, 4, device=d), T(5, device=d)), ValueError, "bias"),
+    ("bias_gelu", "bias rank", lambda d: kernels.bias_gelu(T(2, 4, device=d), T(2, 4, device=d)), ValueError, "bias"),
+    ("bias_gelu", "bias dtype", lambda d: kernels.bias_gelu(T(2, 4, device=d), T(4, dtype=torch.float16, device=d)), TypeError, "bias"),
+    ("bias_gelu", "bias device", lambda d: kernels.bias_gelu(T(2, 4, device=d), torch.empty(4, device="meta")), ValueError, "bias"),
+    ("bias_gelu", "unknown approximate", lambda d: kernels.bias_gelu(T(2, 4, device=d), None, "erf"), ValueError, "approximate"),
+    ("bias_gelu", "approximate None", lambda d: kernels.bias_gelu(T(2, 4, device=d), None, None), ValueError, "approximate"),
+    ("bias_gelu", "out dtype", lambda d: kernels.bias_gelu(T(2, 4, device=d), out=T(2, 4, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("bias_gelu", "out shape", lambda d: kernels.bias_gelu(T(2, 4, device=d), out=T(4, 2, device=d)), ValueError, "out"),
+    # embedding
+    ("embedding", "id past the table", lambda d: kernels.embedding(torch.tensor([0, 5], device=d), T(5, 8, device=d)), ValueError, "ids"),
+    ("embedding", "negative id", lambda d: kernels.embedding(torch.tensor([[1, -1]], dtype=torch.int32, device=d), T(5, 8, device=d)), ValueError, "ids"),
+    ("embedding", "float ids", lambda d: kernels.embedding(torch.tensor([0.0, 1.0], device=d), T(5, 8, device=d)), TypeError, "ids"),
+    ("embedding", "int16 ids", lambda d: kernels.embedding(torch.tensor([0, 1], dtype=torch.int16, device=d), T(5, 8, device=d)), TypeError, "ids"),
+    ("embedding", "ids into an empty table", lambda d: kernels.embedding(torch.tensor([0], device=d), T(0, 8, device=d)), ValueError, "ids"),
+    ("embedding", "1-d table", lambda d: kernels.embedding(torch.tensor([0], device=d), T(8, device=d)), ValueError, "table"),
+    ("embedding", "int table", lambda d: kernels.embedding(torch.tensor([0], device=d), torch.ones(4, 8, dtype=torch.int32, device=d)), TypeError, "table"),
+    ("embedding", "float64 table", lambda d: kernels.embedding(torch.tensor([0], device=d), T(4, 8, dtype=torch.float64, device=d)), TypeError, "table"),
+    ("embedding", "ids device", lambda d: kernels.embedding(torch.zeros(2, dtype=torch.int64, device="meta"), T(4, 8, device=d)), ValueError, "ids"),
+    ("embedding", "out dtype", lambda d: kernels.embedding(torch.tensor([0], device=d), T(4, 8, device=d), out=T(1, 8, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("embedding", "out shape", lambda d: kernels.embedding(torch.tensor([0, 1], device=d), T(4, 8, device=d), out=T(2, 4, device=d)), ValueError, "out"),
     # decode_attention
     ("decode_attention", "q rank", lambda d: kernels.decode_attention(T(2, 1, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d)), ValueError, "q"),
     ("decode_attention", "heads do not divide", lambda d: kernels.decode_attention(T(2, 3, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d)), ValueError, "k_cache"),
@@ -138,6 +161,9 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("rope", lambda d: kernels.rope(T(0, 3, 2, 8, device=d), P(0, 3, d))),
     ("rmsnorm_rope", lambda d: kernels.rmsnorm_rope(T(2, 0, 2, 8, device=d), T(8, device=d), P(2, 0, d))),
     ("softmax", lambda d: kernels.softmax(T(0, 5, device=d), 1.0, True)),
+    ("bias_gelu", lambda d: kernels.bias_gelu(T(0, 8, device=d), T(8, device=d))),
+    ("embedding", lambda d: kernels.embedding(torch.zeros(0, 3, dtype=torch.int32, device=d), T(5, 8, device=d))),
+    ("embedding", lambda d: kernels.embedding(torch.zeros(0, dtype=torch.int64, device=d), T(0, 8, device=d))),
     ("flash_attention", lambda d: kernels.flash_attention(T(0, 4, 2, 16, device=d), T(0, 4, 1, 16, device=d), T(0, 4, 1, 16, device=d))),
     ("flash_attention", lambda d: kernels.flash_attention(T(0, 2, 16, device=d), T(0, 1, 16, device=d), T(0, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 0], device=d), cu_seqlens_k=torch.tensor([0, 0], device=d))),
     ("decode_attention", lambda d: kernels.decode_attention(T(0, 4, 16, device=d), T(0, 8, 2, 16, device=d), T(0, 8, 2, 16, device=d), torch.zeros(0, dtype=torch.int32, device=d))),
@@ -145,3 +171,29 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
 def test_empty_input_gives_empty_output(op, call, dev):
     y = call(dev)
     assert y.numel() == 0
+
+
+@pytest.mark.op("embedding")
+def test_embedding_bad_id_is_refused_not_read(dev):
+    """An id past the table is refused before any launch and leaves out= untouched (no wrong
+    answer, no read of memory past the table)."""
+    table = T(4, 8, device=dev)
+    out = torch.full((3, 8), 7.0, device=dev)
+    for bad in ([0, 4, 1], [-1, 0, 1], [0, 1, 2**40]):
+        with pytest.raises(ValueError, match="^ids: expected ids in \\[0, 4\\)"):
+            kernels.embedding(torch.tensor(bad, device=dev), table, out=out)
+    assert bool((out == 7.0).all())
+
+
+@pytest.mark.op("embedding")
+def test_embedding_kernel_masks_ids_the_host_check_would_refuse(dev):
+    """Defence in depth: launched directly with ids outside [0, V), the kernel reads nothing
+    outside the table (the interpreter's out-of-bounds guard is on) and writes NaN rows, never
+    another row."""
+    from kernels.embedding import _embedding_kernel
+    table = T(4, 8, device=dev)
+    ids = torch.tensor([2, 4, -1, 1 << 40], device=dev)
+    out = torch.zeros(4, 8, device=dev)
+    _embedding_kernel[(1, 1)](ids, table, out, 4, 4, 8, 1, table.stride(0), table.stride(1), BLOCK_T=4, BLOCK_H=8)
+    assert torch.equal(out[0], table[2])
+    assert bool(out[1:].isnan().all())

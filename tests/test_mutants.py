@@ -4,6 +4,8 @@ Each mutant is a plausible kernel bug written as float64 math, rounded to the ca
 kernel's output would be, and judged by the same comparison and budget as the real kernel.
 The real kernel is run on the same case as a control: it must pass where the mutant fails.
 """
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -106,6 +108,23 @@ def _decode_as_prefill(i, **bug):
         o, _ = _attn(q[b][None, None], kc[b:b + 1, :n], vc[b:b + 1, :n], i["scale"], **bug)
         rows.append(o[0, 0])
     return torch.stack(rows)
+
+
+def _gelu(x, approximate, *, no_sqrt2=False):
+    """GELU of float64 NumPy values, with pluggable bugs (written apart from the oracle)."""
+    with np.errstate(all="ignore"):
+        if approximate == "tanh":
+            return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+        erf = np.vectorize(math.erf, otypes=[np.float64])
+        return 0.5 * x * (1 + erf(x if no_sqrt2 else x / math.sqrt(2)))
+
+
+def _bias(i):
+    return 0.0 if i["bias"] is None else f64(i["bias"])
+
+
+def _embed(ids, table):
+    return tensor(f64(table)[ids.cpu().long().numpy()])
 
 
 def _drop_last_row(o):
@@ -211,6 +230,20 @@ SPECIFIC["flash_attention"] = {
     "scale_missing": ({}, lambda i, e: _attn(i["q"], i["k"], i["v"], 1.0)),
     "last_kv_block_dropped": ({}, lambda i, e: _attn(i["q"], i["k"], i["v"], i["scale"], keys=16)),
 }
+SPECIFIC["bias_gelu"] = {
+    "tanh_for_erf": (dict(approximate="none", shape=(8, 128)), lambda i, e: (
+        tensor(_gelu(f64(i["y"]) + _bias(i), "tanh")),)),
+    "erf_for_tanh": (dict(approximate="tanh", shape=(8, 128)), lambda i, e: (
+        tensor(_gelu(f64(i["y"]) + _bias(i), "none")),)),
+    "bias_missing": ({}, lambda i, e: (tensor(_gelu(f64(i["y"]), i["approximate"])),)),
+    "bias_after_activation": ({}, lambda i, e: (tensor(_gelu(f64(i["y"]), i["approximate"]) + _bias(i)),)),
+    "sqrt2_missing": (dict(approximate="none"), lambda i, e: (tensor(_gelu(f64(i["y"]) + _bias(i), "none", no_sqrt2=True)),)),
+}
+SPECIFIC["embedding"] = {
+    "id_off_by_one": ({}, lambda i, e: (_embed((i["ids"] + 1) % i["table"].shape[0], i["table"]),)),
+    "neighbouring_token_row": ({}, lambda i, e: (_embed(i["ids"].reshape(-1).roll(1).reshape(i["ids"].shape),
+                                                        i["table"]),)),
+}
 SPECIFIC["decode_attention"] = {
     "reads_one_slot_past_seqlen": ({}, lambda i, e: (_decode_as_prefill(
         {**i, "seqlens": i["seqlens"] + 1}),)),
@@ -252,7 +285,8 @@ SPECIFIC["adamw"] = {
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
-        "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "adamw": (4, 64)}
+        "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "adamw": (4, 64),
+        "bias_gelu": (5, 64), "embedding": (3, 7, 16)}
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding

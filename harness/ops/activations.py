@@ -1,0 +1,71 @@
+"""bias_gelu: cases, and how to call kernel / reference / oracle."""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+import kernels
+import oracles
+import references
+from harness.cases import Case, make_input, make_param
+from harness.op import Op
+from harness.strategies import CATALOGUE_DIMS, feature_dims, layouts, lead_shapes, regimes, row_budget, seeds
+
+GELU_REGIMES = ("normal", "large", "tiny", "small", "offset", "outlier", "nonfinite")
+TILE = 16   # column block of the "tiled" config: several column programs on small shapes
+
+
+class BiasGelu(Op):
+    name = "bias_gelu"
+    outputs = ("out",)
+    configs = {"auto": {}, "tiled": {"block_cols": TILE}}
+
+    def inputs(self, case, device):
+        gen = case.generator()
+        y = make_input(case.shape, case.dtype, gen, device, values=case.values, layout=case.layout)
+        bias = make_param(case.shape[-1:], case.dtype, gen, device, std=0.5, strided=case.layout == "sliced")
+        return {"y": y, "bias": bias if case.param("bias", True) else None,
+                "approximate": case.param("approximate", "none")}
+
+    def output_shapes(self, inputs):
+        return {"out": tuple(inputs["y"].shape)}
+
+    def kernel(self, inp, out, **config):
+        return (kernels.bias_gelu(inp["y"], inp["bias"], inp["approximate"], out=out["out"], **config),)
+
+    def reference(self, inp):
+        return (references.bias_gelu(inp["y"], inp["bias"], inp["approximate"]),)
+
+    def oracle(self, inp):
+        return (oracles.bias_gelu(inp["y"], inp["bias"], inp["approximate"]),)
+
+    def cases(self, dtype, size, config):
+        @st.composite
+        def draw_case(draw):
+            N = draw(feature_dims(size))
+            shape = (*draw(lead_shapes(row_budget(size, N))), N)
+            params = {"approximate": draw(st.sampled_from(("none", "tanh"))), "bias": draw(st.booleans())}
+            return Case.make(self.name, dtype, shape, layout=draw(layouts()),
+                             values=draw(regimes(self.name, dtype, config, GELU_REGIMES)), seed=draw(seeds()),
+                             config=config, **params)
+        return draw_case()
+
+    def pinned(self, dtype):
+        forms = iter(("none", "tanh") * 20)
+
+        def case(shape, seed=0, approximate=None, **kw):
+            # Sizes and layouts alternate between the two forms (their addressing is the same).
+            return Case.make(self.name, dtype, shape, seed=seed, approximate=approximate or next(forms), **kw)
+        out = [case((3, d), seed=d) for d in (1, 3, 63, 65, 4097)]
+        out += [case((5,)), case((1, 65), bias=False), case((0, 64)), case((4, 0)), case((17, 33))]
+        out += [case((2, d), config="tiled", seed=d) for d in (TILE - 1, TILE, TILE + 1, 4 * TILE + 1)]
+        out += [case((4, 3, 65), layout=lay, seed=3) for lay in ("transposed", "permuted", "sliced", "broadcast", "offset")]
+        out += [case((2, 3, 2, 2, 17), layout="permuted")]      # 4 unmergeable leading dims: copied
+        # Every value regime in both forms.
+        for approx in ("none", "tanh"):
+            out += [case((4, 129), values=v, seed=7, approximate=approx) for v in GELU_REGIMES if v != "normal"]
+            out += [case((4, 129), values="nonfinite", bias=False, seed=9, approximate=approx)]
+            out += [case((3, 4097), seed=11, approximate=approx, bias=False)]
+        return out
+
+
+OPS = {op.name: op for op in (BiasGelu(),)}

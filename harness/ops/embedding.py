@@ -1,0 +1,100 @@
+"""embedding: cases, and how to call kernel / reference / oracle.
+
+A case's shape is the output's: ids.shape + (H,). The vocabulary size is the `vocab` param,
+the ids dtype the `ids` param ("int32" / "int64"), and `pick` says how ids are drawn: "random"
+(uniform in [0, V)), "edges" (alternating 0 and V - 1), "repeated" (three ids over and over).
+The case's layout and value regime are the table's.
+"""
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+import kernels
+import oracles
+import references
+from harness.cases import Case, make_input
+from harness.op import Op
+from harness.strategies import lead_shapes, regimes, seeds
+
+TABLE_REGIMES = ("normal", "large", "tiny", "nonfinite")
+TABLE_LAYOUTS = ("contiguous", "transposed", "sliced", "broadcast", "offset")
+TILE = 16
+IDS = {"int32": torch.int32, "int64": torch.int64}
+
+
+def make_ids(shape, V, pick, dtype, gen):
+    n = 1
+    for s in shape:
+        n *= s
+    if pick == "edges":
+        flat = torch.tensor([0, V - 1], dtype=torch.int64).repeat(n // 2 + 1)[:n]
+    elif pick == "repeated":
+        flat = torch.randint(0, V, (3,), generator=gen)[torch.arange(n) % 3]
+    else:
+        flat = torch.randint(0, V, (n,), generator=gen)
+    return flat.reshape(shape).to(IDS[dtype])
+
+
+class Embedding(Op):
+    name = "embedding"
+    outputs = ("out",)
+    configs = {"auto": {}, "tiled": {"block_cols": TILE}}
+
+    def inputs(self, case, device):
+        gen = case.generator()
+        *ids_shape, H = case.shape
+        V = case.param("vocab", 50)
+        table = make_input((V, H), case.dtype, gen, device, values=case.values, layout=case.layout)
+        ids = make_ids(tuple(ids_shape), V, case.param("pick", "random"), case.param("ids", "int64"), gen)
+        if ids.dim() >= 2 and case.param("ids_layout", "contiguous") == "transposed":
+            ids = ids.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return {"ids": ids.to(device), "table": table}
+
+    def output_shapes(self, inputs):
+        return {"out": (*inputs["ids"].shape, inputs["table"].shape[1])}
+
+    def kernel(self, inp, out, **config):
+        return (kernels.embedding(inp["ids"], inp["table"], out=out["out"], **config),)
+
+    def reference(self, inp):
+        return (references.embedding(inp["ids"], inp["table"]),)
+
+    def oracle(self, inp):
+        return (oracles.embedding(inp["ids"], inp["table"]),)
+
+    def cases(self, dtype, size, config):
+        @st.composite
+        def draw_case(draw):
+            H = draw(st.one_of(st.integers(1, 80), st.sampled_from((127, 128, 129, 257))) if size == "small"
+                     else st.one_of(st.integers(1, 300), st.sampled_from((1024, 4096, 4097))))
+            max_tokens = 16 if size == "small" else 4096
+            ids_shape = draw(lead_shapes(max_tokens, max_dims=3, min_dims=1))
+            params = {"vocab": draw(st.sampled_from((1, 7, 50, 1000))),
+                      "ids": draw(st.sampled_from(tuple(IDS))),
+                      "pick": draw(st.sampled_from(("random", "edges", "repeated"))),
+                      "ids_layout": draw(st.sampled_from(("contiguous", "transposed")))}
+            return Case.make(self.name, dtype, (*ids_shape, H), layout=draw(st.sampled_from(TABLE_LAYOUTS)),
+                             values=draw(regimes(self.name, dtype, config, TABLE_REGIMES)), seed=draw(seeds()),
+                             config=config, **params)
+        return draw_case()
+
+    def pinned(self, dtype):
+        def case(shape, seed=0, **kw):
+            return Case.make(self.name, dtype, shape, seed=seed, **kw)
+        out = [case((5, d), seed=d) for d in (1, 3, 63, 65, 4097)]
+        out += [case((6, 33), pick="edges", vocab=v) for v in (1, 2, 50)]     # id 0 and V - 1
+        out += [case((9, 40), pick="repeated")]
+        out += [case((2, 3, 4, 24), ids=i, seed=4) for i in IDS]              # ids of several dims
+        out += [case((3, 5, 24), ids=i, ids_layout="transposed", seed=5) for i in IDS]
+        out += [case((7, 65), layout=lay, seed=6) for lay in TABLE_LAYOUTS if lay != "contiguous"]
+        out += [case((7, 65), layout=lay, ids="int32", config="tiled", seed=6) for lay in ("transposed", "sliced")]
+        out += [case((2, d), config="tiled", seed=d) for d in (TILE - 1, TILE, TILE + 1)]
+        out += [case((0, 16)), case((2, 0, 16)), case((4, 0))]                 # no tokens; no features
+        out += [case((6, 65), values=v, seed=8) for v in TABLE_REGIMES if v != "normal"]
+        out += [case((70, 8), vocab=1000, seed=9)]                             # several token blocks
+        out += [case((4,), vocab=3)]                                          # 0-d ids: one id, out [H]
+        return out
+
+
+OPS = {op.name: op for op in (Embedding(),)}

@@ -1,0 +1,106 @@
+"""Bias add fused with GELU: out = gelu(y + bias) over the last dim of y[..., N].
+
+An elementwise, memory-bound kernel: each program owns a [BLOCK_M, BLOCK_N] tile of rows and
+features (a 2-D grid), loads y once, adds the bias in fp32, applies GELU in fp32 and rounds once
+to y's dtype at the store.
+
+approximate="none" is the exact form x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), as PyTorch
+computes it. For x below about -3, 1 + erf(...) cancels in fp32, so the result there carries an
+absolute error of about |x| * 2^-25 rather than a relative one (see docs/NUMERICS.md).
+
+approximate="tanh" uses 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), evaluated as
+x / (1 + exp(-2u)) (the same function; 1 + tanh(u) = 2 / (1 + exp(-2u))). That form has no
+cancellation: very negative inputs keep their relative accuracy instead of collapsing to 0.
+
+Limits: gelu(+inf) = +inf, gelu(-inf) = -0 (x Phi(x) -> 0), NaN stays NaN, for both forms.
+
+Leading dims of any strides are collapsed where the layout allows and addressed through up to
+three (size, stride) pairs (as the row kernels do); the feature dim has its own stride. The
+output is contiguous.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._device import row_offsets
+from kernels._launch import (check_same_device, check_same_dtype, check_shape, check_tensor,
+                             leading_layout, new_out)
+
+APPROXIMATIONS = ("none", "tanh")
+_SQRT1_2 = 0.7071067811865476
+_SQRT_2_OVER_PI = 0.7978845608028654
+_MAX_BLOCK_N = 1024
+_TILE = 4096      # elements a program moves: short rows are packed several to a program
+
+
+@triton.jit
+def _bias_gelu_kernel(y_ptr, b_ptr, o_ptr, n_rows, N, n1, n2, ys0, ys1, ys2, ysn, bs,
+                      HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n_rows
+    col_ok = cols < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    y_off = row_offsets(rows, n1, n2, ys0, ys1, ys2)[:, None] + cols[None, :] * ysn
+    x = tl.load(y_ptr + y_off, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x = x + tl.load(b_ptr + cols * bs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if TANH:
+        # x^3 may overflow to +-inf for |x| > ~5e12: u = +-inf, and the quotient still tends
+        # to x or to -0 as it should.
+        u = _SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x))
+        g = x / (1.0 + tl.exp(-2.0 * u))
+    else:
+        g = 0.5 * x * (1.0 + tl.erf(x * _SQRT1_2))
+    # -inf would give -inf * 0 = NaN in both forms; its limit is -0.
+    g = tl.where(x == -float("inf"), -0.0, g)
+    o_off = (rows * N)[:, None] + cols[None, :]
+    tl.store(o_ptr + o_off, g.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def _tile(n_cols: int, block_cols: int | None):
+    """(BLOCK_M, BLOCK_N, num_warps) for rows of n_cols features."""
+    full = triton.next_power_of_2(max(n_cols, 1))
+    if block_cols is not None:
+        if not isinstance(block_cols, int) or block_cols < 1 or block_cols & (block_cols - 1):
+            raise ValueError(f"block_cols: expected a power of two >= 1, got {block_cols}")
+        block_n = min(block_cols, full)
+    else:
+        block_n = min(full, _MAX_BLOCK_N)
+    block_m = max(1, min(64, _TILE // block_n))
+    num_warps = 4 if block_m * block_n <= 2048 else 8
+    return block_m, block_n, num_warps
+
+
+def bias_gelu(y: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none", *,
+              out: torch.Tensor | None = None, block_cols: int | None = None) -> torch.Tensor:
+    """gelu(y + bias) over the last dim of y[..., N]; bias [N] optional; fp32 math, one rounding."""
+    check_tensor("y", y, min_ndim=1)
+    if not isinstance(approximate, str) or approximate not in APPROXIMATIONS:
+        raise ValueError(f"approximate: expected one of {', '.join(map(repr, APPROXIMATIONS))}, got {approximate!r}")
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1)
+        check_shape("bias", bias, (y.shape[-1],))
+    check_same_device(y=y, bias=bias, out=out)
+    check_same_dtype(y=y, bias=bias)
+    out = new_out(out, y.shape, y.dtype, y.device)
+    if y.numel() == 0:
+        return out
+    N = y.shape[-1]
+    layout = leading_layout(tuple(y.shape[:-1]), y.stride()[:-1])
+    if layout is None:      # more than three leading dims that no stride merges: copy
+        y = y.contiguous()
+        layout = leading_layout(tuple(y.shape[:-1]), y.stride()[:-1])
+    n1, n2, ((ys0, ys1, ys2),) = layout
+    n_rows = y.numel() // N
+    block_m, block_n, num_warps = _tile(N, block_cols)
+    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(N, block_n))
+    _bias_gelu_kernel[grid](
+        y, bias if bias is not None else y, out, n_rows, N, n1, n2, ys0, ys1, ys2, y.stride(-1),
+        bias.stride(0) if bias is not None else 0,
+        HAS_BIAS=bias is not None, TANH=approximate == "tanh",
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    return out
