@@ -19,6 +19,8 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "softmax": ("harness.ops.softmax", FLOATS),
     "flash_attention": ("harness.ops.attention", FLOATS),
     "decode_attention": ("harness.ops.attention", FLOATS),
+    "matmul": ("harness.ops.gemm", FLOATS),
+    "swiglu": ("harness.ops.gemm", FLOATS),
 }
 
 

@@ -5,8 +5,9 @@ shifted statistics). Each takes torch tensors, computes in float64 on the CPU, a
 float64 torch tensors on the CPU.
 """
 from oracles.attention import decode_attention, flash_attention
+from oracles.gemm import matmul, swiglu
 from oracles.norms import add_rmsnorm, layernorm, rmsnorm
 from oracles.rope import rmsnorm_rope, rope
 from oracles.softmax import softmax
 
-__all__ = ["add_rmsnorm", "decode_attention", "flash_attention", "layernorm", "rmsnorm", "rmsnorm_rope", "rope", "softmax"]
+__all__ = ["add_rmsnorm", "decode_attention", "flash_attention", "layernorm", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "matmul", "swiglu"]

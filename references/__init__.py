@@ -4,8 +4,9 @@ References are the baseline for speed and for the error-ratio check (`ref_ratio`
 against the oracle is the rounding that the dtype itself forces on that very input.
 """
 from references.attention import decode_attention, flash_attention
+from references.gemm import matmul, swiglu
 from references.norms import add_rmsnorm, layernorm, rmsnorm
 from references.rope import rmsnorm_rope, rope
 from references.softmax import softmax
 
-__all__ = ["add_rmsnorm", "decode_attention", "flash_attention", "layernorm", "rmsnorm", "rmsnorm_rope", "rope", "softmax"]
+__all__ = ["add_rmsnorm", "decode_attention", "flash_attention", "layernorm", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "matmul", "swiglu"]
