@@ -146,6 +146,19 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+class GapHit(BaseException):
+    """A declared gap's check failed. A BaseException, so Hypothesis lets it through at once
+    (no shrinking); pytest_pyfunc_call below turns it into the strict xfail."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    try:
+        return (yield)
+    except GapHit as hit:
+        pytest.xfail(str(hit))
+
+
 def _in_final_example() -> bool:
     """False while Hypothesis is still searching or shrinking (its failing tries are not
     recorded; the final replay of the failing example is)."""
@@ -165,15 +178,17 @@ def check(request, record_property):
 
     def run(case):
         outcome = run_case(case, s.backend, s.budgets)
-        final = _in_final_example()
+        gap = request.node.get_closest_marker("xfail")
+        gap_hit = not outcome.passed and gap is not None and "[gap:" in gap.kwargs.get("reason", "")
+        final = gap_hit or _in_final_example()
         for c in outcome.checks:
             if c.passed or final:
                 record_property(audit.PROPERTY, audit.encode(audit.make_record(outcome, c, request.node.nodeid)))
+        if gap_hit:
+            # A declared gap failed as declared: stop here. pytest.xfail's exception counts as a
+            # failure to Hypothesis, which would shrink it (minutes of interpreted kernels).
+            raise GapHit(gap.kwargs["reason"])
         if not outcome.passed:
-            gap = request.node.get_closest_marker("xfail")
-            if gap is not None and "[gap:" in gap.kwargs.get("reason", ""):
-                # A declared gap failed as declared: stop here (no Hypothesis shrinking).
-                pytest.xfail(gap.kwargs["reason"])
             raise AssertionError("\n" + outcome.failure_message())
         return outcome
 

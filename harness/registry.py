@@ -22,6 +22,8 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "adamw": ("harness.ops.adamw", ("float32", "bfloat16")),
     "bias_gelu": ("harness.ops.activations", FLOATS),
     "embedding": ("harness.ops.embedding", FLOATS),     # the dtype is the table's
+    "matmul": ("harness.ops.gemm", FLOATS),
+    "swiglu": ("harness.ops.gemm", FLOATS),
 }
 
 

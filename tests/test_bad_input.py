@@ -134,6 +134,38 @@ BAD = [
     ("adamw", "eps NaN", lambda d: kernels.adamw(T(8, device=d), T(8, device=d), T(8, device=d), T(8, device=d), 1, eps=math.nan), ValueError, "eps"),
     ("adamw", "negative weight_decay", lambda d: kernels.adamw(T(8, device=d), T(8, device=d), T(8, device=d), T(8, device=d), 1, weight_decay=-0.1), ValueError, "weight_decay"),
     ("adamw", "optimizer beta2", lambda d: kernels.AdamW([torch.nn.Parameter(T(8, device=d))], betas=(0.9, 1.5)), ValueError, "beta2"),
+    # matmul
+    ("matmul", "int input", lambda d: kernels.matmul(torch.ones(2, 4, dtype=torch.int32, device=d), T(3, 4, device=d)), TypeError, "a"),
+    ("matmul", "float64 input", lambda d: kernels.matmul(T(2, 4, dtype=torch.float64, device=d), T(3, 4, device=d)), TypeError, "a"),
+    ("matmul", "not a tensor", lambda d: kernels.matmul([[1.0, 2.0]], T(3, 2, device=d)), TypeError, "a"),
+    ("matmul", "0-d input", lambda d: kernels.matmul(torch.tensor(1.0, device=d), T(3, 1, device=d)), ValueError, "a"),
+    ("matmul", "inner dims differ", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 5, device=d)), ValueError, "w"),
+    ("matmul", "weight transposed shape", lambda d: kernels.matmul(T(2, 4, device=d), T(4, 3, device=d)), ValueError, "w"),
+    ("matmul", "weight rank", lambda d: kernels.matmul(T(2, 4, device=d), T(4, device=d)), ValueError, "w"),
+    ("matmul", "weight dtype", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, dtype=torch.float16, device=d)), TypeError, "w"),
+    ("matmul", "weight int", lambda d: kernels.matmul(T(2, 4, device=d), torch.ones(3, 4, dtype=torch.int64, device=d)), TypeError, "w"),
+    ("matmul", "weight device", lambda d: kernels.matmul(T(2, 4, device=d), torch.empty(3, 4, device="meta")), ValueError, "w"),
+    ("matmul", "bias length", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), T(4, device=d)), ValueError, "bias"),
+    ("matmul", "bias rank", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), T(1, 3, device=d)), ValueError, "bias"),
+    ("matmul", "bias dtype", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), T(3, dtype=torch.bfloat16, device=d)), TypeError, "bias"),
+    ("matmul", "unknown activation", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), activation="swish"), ValueError, "activation"),
+    ("matmul", "activation not a str", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), activation=None), TypeError, "activation"),
+    ("matmul", "out shape", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), out=T(2, 4, device=d)), ValueError, "out"),
+    ("matmul", "out dtype", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), out=T(2, 3, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("matmul", "out strided", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), out=T(3, 2, device=d).t()), ValueError, "out"),
+    ("matmul", "block_m not a power of two", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), block_m=24), ValueError, "block_m"),
+    ("matmul", "block_k below 16", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), block_k=8), ValueError, "block_k"),
+    ("matmul", "group_m zero", lambda d: kernels.matmul(T(2, 4, device=d), T(3, 4, device=d), group_m=0), ValueError, "group_m"),
+    # swiglu
+    ("swiglu", "int input", lambda d: kernels.swiglu(torch.ones(2, 4, dtype=torch.int32, device=d), T(3, 4, device=d), T(3, 4, device=d)), TypeError, "x"),
+    ("swiglu", "gate inner dims differ", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 5, device=d), T(3, 4, device=d)), ValueError, "w_gate"),
+    ("swiglu", "up shape differs", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 4, device=d), T(5, 4, device=d)), ValueError, "w_up"),
+    ("swiglu", "up inner dims differ", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 4, device=d), T(3, 6, device=d)), ValueError, "w_up"),
+    ("swiglu", "up dtype", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 4, device=d), T(3, 4, dtype=torch.float16, device=d)), TypeError, "w_up"),
+    ("swiglu", "gate bias length", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 4, device=d), T(3, 4, device=d), T(4, device=d)), ValueError, "b_gate"),
+    ("swiglu", "up bias dtype", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 4, device=d), T(3, 4, device=d), None, T(3, dtype=torch.float16, device=d)), TypeError, "b_up"),
+    ("swiglu", "relu is not gated", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 4, device=d), T(3, 4, device=d), activation="relu"), ValueError, "activation"),
+    ("swiglu", "out shape", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 4, device=d), T(3, 4, device=d), out=T(2, 4, device=d)), ValueError, "out"),
 ]
 
 
@@ -167,6 +199,9 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("flash_attention", lambda d: kernels.flash_attention(T(0, 4, 2, 16, device=d), T(0, 4, 1, 16, device=d), T(0, 4, 1, 16, device=d))),
     ("flash_attention", lambda d: kernels.flash_attention(T(0, 2, 16, device=d), T(0, 1, 16, device=d), T(0, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 0], device=d), cu_seqlens_k=torch.tensor([0, 0], device=d))),
     ("decode_attention", lambda d: kernels.decode_attention(T(0, 4, 16, device=d), T(0, 8, 2, 16, device=d), T(0, 8, 2, 16, device=d), torch.zeros(0, dtype=torch.int32, device=d))),
+    ("matmul", lambda d: kernels.matmul(T(0, 8, device=d), T(5, 8, device=d), T(5, device=d), "gelu")),
+    ("matmul", lambda d: kernels.matmul(T(2, 3, 8, device=d), T(0, 8, device=d))),
+    ("swiglu", lambda d: kernels.swiglu(T(2, 0, 8, device=d), T(5, 8, device=d), T(5, 8, device=d))),
 ])
 def test_empty_input_gives_empty_output(op, call, dev):
     y = call(dev)

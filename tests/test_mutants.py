@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from harness import registry
 from harness.cases import Case
@@ -282,15 +283,68 @@ SPECIFIC["adamw"] = {
     "decay_after_update": ({}, lambda i, e: _adamw(i, decay_after=True)),
 }
 
+
+def _act(z, name):
+    """An activation in float64 (torch's functional forms; the kernel's are its own)."""
+    t = torch.from_numpy(np.asarray(z, dtype=np.float64))
+    fn = {"none": lambda v: v, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
+          "silu": F.silu, "relu": F.relu}[name]
+    return fn(t).numpy()
+
+
+def _lin(x, w, b=None, *, k_keep=None, w_read_as_kn=False, scale=1.0):
+    """x w^T + b in float64 with pluggable bugs: only the first k_keep columns of K summed, the
+    [N, K] weight's storage read as if it were [K, N], the product scaled."""
+    x, w = f64(x), f64(w).copy()
+    if w_read_as_kn:
+        n, k = w.shape
+        w = w.reshape(-1).reshape(k, n).T
+    if k_keep is not None:
+        x, w = x[..., :k_keep], w[:, :k_keep]
+    return scale * (x @ w.T) + (0.0 if b is None else f64(b))
+
+
+def _mm(i, act=None, **bug):
+    return (tensor(_act(_lin(i["a"], i["w"], bug.pop("bias", i["bias"]), **bug), act or i["activation"])),)
+
+
+def _sg(i, act=None, swap=False, **bug):
+    b_gate, b_up = bug.pop("b_gate", i["b_gate"]), bug.pop("b_up", i["b_up"])
+    gate = _lin(i["x"], i["w_gate"], b_gate, **bug)
+    up = _lin(i["x"], i["w_up"], b_up, **bug)
+    if swap:
+        gate, up = up, gate
+    return (tensor(_act(gate, act or i["activation"]) * up),)
+
+
+SPECIFIC["matmul"] = {
+    "product_scaled_x2": ({}, lambda i, e: _mm(i, scale=2.0)),
+    "weight_read_transposed": ({}, lambda i, e: _mm(i, w_read_as_kn=True)),
+    "k_tail_dropped": ({}, lambda i, e: _mm(i, k_keep=i["a"].shape[-1] - 3)),
+    "bias_missing": ({}, lambda i, e: _mm(i, bias=None)),
+    "wrong_activation": ({}, lambda i, e: _mm(i, act="silu")),
+    "relu_for_none": (dict(activation="none"), lambda i, e: _mm(i, act="relu")),
+}
+SPECIFIC["swiglu"] = {
+    "gate_up_swapped": ({}, lambda i, e: _sg(i, swap=True)),
+    "product_scaled_x2": ({}, lambda i, e: _sg(i, scale=2.0)),
+    "weight_read_transposed": ({}, lambda i, e: _sg(i, w_read_as_kn=True)),
+    "k_tail_dropped": ({}, lambda i, e: _sg(i, k_keep=i["x"].shape[-1] - 3)),
+    "bias_missing": ({}, lambda i, e: _sg(i, b_gate=None, b_up=None)),
+    "up_bias_missing": ({}, lambda i, e: _sg(i, b_up=None)),
+    "wrong_activation": ({}, lambda i, e: _sg(i, act="gelu")),
+}
+
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
         "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "adamw": (4, 64),
-        "bias_gelu": (5, 64), "embedding": (3, 7, 16)}
+        "bias_gelu": (5, 64), "embedding": (3, 7, 16), "matmul": (24, 40, 20), "swiglu": (24, 40, 20)}
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding
-               "adamw": dict(steps=3, lr=0.3, weight_decay=0.5)}
+               "adamw": dict(steps=3, lr=0.3, weight_decay=0.5),
+               "matmul": dict(activation="gelu", bias=True), "swiglu": dict(activation="silu", bias=True)}
 
 
 def _mutant_params():

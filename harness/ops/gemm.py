@@ -1,0 +1,182 @@
+"""matmul and swiglu: cases, and how to call kernel / reference / oracle.
+
+A case's shape is (*leading dims of a, N, K): a is [*lead, K], the weights [N, K]. The case's
+value regime applies to a (the activations flowing in); weights are N(0, 1) unless the
+`w_values` param says otherwise. The layout applies to a and to the weights alike
+("transposed" stores a weight as [K, N], as a transposed checkpoint would).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import kernels
+import oracles
+import references
+from harness.cases import Case, make_input, make_param
+from harness.op import Op
+from harness.strategies import layouts, lead_shapes, regimes, seeds
+from oracles._np import f64
+from oracles.gemm import activate, linear
+
+GEMM_REGIMES = ("normal", "large", "tiny", "small", "constant", "offset", "outlier", "nonfinite")
+ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "relu")
+GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+TILE = 16    # the "small" config's tiles: short cases still cross several tiles in M, N and K
+# Per case at most this many multiply-adds (the float64 oracle forms every product).
+MAX_MACS = {"small": 1 << 17, "large": 1 << 26}
+MAX_ROWS = {"small": 40, "large": 2048}
+
+
+def _abs_linear(x, w, b):
+    """sum_k |x_k| |w_k| + |b|: the magnitude a dot product's rounding error is relative to."""
+    with np.errstate(all="ignore"):
+        return linear(np.abs(f64(x)), np.abs(f64(w)), None if b is None else np.abs(f64(b)))
+
+
+def _dims(size):
+    if size == "small":
+        return st.one_of(st.integers(1, 70), st.sampled_from((96, 127, 128, 129)))
+    return st.one_of(st.integers(1, 1100), st.sampled_from((127, 128, 129, 255, 256, 257, 1000, 1001, 4096)))
+
+
+class GemmOp(Op):
+    configs = {"auto": {}, "small": {"block_m": TILE, "block_n": TILE, "block_k": TILE}}
+    activations = ACTIVATIONS
+    default_activation = "none"
+    nonfinite_weights = True
+
+    def _operands(self, case, device, n_weights):
+        gen = case.generator()
+        *lead, N, K = case.shape
+        a = make_input((*lead, K), case.dtype, gen, device, values=case.values, layout=case.layout)
+        ws = [make_input((N, K), case.dtype, gen, device, values=case.param("w_values", "normal"), layout=case.layout)
+              for _ in range(n_weights)]
+        bs = [make_param((N,), case.dtype, gen, device, strided=case.layout == "sliced") if case.param("bias", False)
+              else None for _ in range(n_weights)]
+        return a, ws, bs
+
+    def output_shapes(self, inp):
+        x = inp["a"] if "a" in inp else inp["x"]
+        w = inp["w"] if "w" in inp else inp["w_gate"]
+        return {"y": (*x.shape[:-1], w.shape[0])}
+
+    def cases(self, dtype, size, config):
+        @st.composite
+        def draw_case(draw):
+            N, K = draw(_dims(size)), draw(_dims(size))
+            rows = max(1, min(MAX_ROWS[size], MAX_MACS[size] // (N * K)))
+            lead = draw(lead_shapes(rows, max_dims=2))
+            params = {"activation": draw(st.sampled_from(self.activations)), "bias": draw(st.booleans())}
+            return Case.make(self.name, dtype, (*lead, N, K), layout=draw(layouts(exclude=("bhtd",))),
+                             values=draw(regimes(self.name, dtype, config, GEMM_REGIMES)), seed=draw(seeds()),
+                             config=config, **params)
+        return draw_case()
+
+    def pinned(self, dtype):
+        acts = self.activations
+
+        def case(shape, seed=0, i=0, **kw):
+            kw.setdefault("activation", acts[i % len(acts)])
+            kw.setdefault("bias", True)
+            return Case.make(self.name, dtype, shape, seed=seed, **kw)
+        out = []
+        # Tiles of the "small" config +-1 in M, N and K, one dim at a time and all together.
+        tiles = [(15, 16, 16), (17, 16, 16), (16, 15, 16), (16, 17, 16), (16, 16, 15), (16, 16, 17),
+                 (17, 17, 17), (33, 31, 47)]
+        out += [case(s, seed=i, i=i, config="small") for i, s in enumerate(tiles)]
+        # K = 1, M = 1, one element, odd sizes (1000 x 999 x 1001-like, scaled to the
+        # interpreter), a long K on a single row, a batch of leading dims.
+        sizes = [(8, 9, 1), (1, 65, 64), (1, 1, 1), (63, 127, 129), (64, 130, 129), (1, 37, 1001), (3, 5, 7, 33)]
+        out += [case(s, seed=10 + i, i=i) for i, s in enumerate(sizes)]
+        out += [case((37, 45, 51), seed=20, config="small", activation=acts[-1])]
+        if dtype != "bfloat16":
+            # No tl.dot runs here (K = 0 gives act(bias); M = 0 or N = 0 launch nothing), so the
+            # interpreter's bf16 dot gap would report them as unexpected passes.
+            out += [case((4, 5, 0), activation=acts[1]), case((0, 8, 16)), case((3, 0, 16))]
+        # Every activation with and without bias.
+        out += [case((9, 40, 33), seed=30 + j, activation=act, bias=bias)
+                for j, act in enumerate(acts) for bias in (False, True)]
+        # Layouts of a and the weights: strided rows and columns, stride 0, misaligned.
+        out += [case((2, 5, 24, 40), seed=40, i=j, layout=lay)
+                for j, lay in enumerate(("transposed", "permuted", "sliced", "broadcast", "offset"))]
+        out += [case((12, 24, 40), seed=41, layout="transposed", config="small"),
+                case((12, 24, 40), seed=42, layout="sliced", config="small")]
+        # Value regimes of a (large: fp16 outputs overflow to inf; nonfinite: NaN and inf
+        # propagate through the dot and the activation), and non-finite weights.
+        out += [case((8, 24, 65), seed=50 + j, values=v, activation=act)
+                for j, v in enumerate(GEMM_REGIMES[1:]) for act in (acts[0], acts[1])]
+        if self.nonfinite_weights:
+            out += [case((6, 20, 30), seed=60, w_values="nonfinite", activation=act) for act in acts[-2:]]
+        return out
+
+
+class Matmul(GemmOp):
+    name = "matmul"
+
+    def inputs(self, case, device):
+        a, (w,), (b,) = self._operands(case, device, 1)
+        return {"a": a, "w": w, "bias": b, "activation": case.param("activation", self.default_activation)}
+
+    def _args(self, inp):
+        return inp["a"], inp["w"], inp["bias"], inp["activation"]
+
+    def kernel(self, inp, out, **config):
+        return (kernels.matmul(*self._args(inp), out=out["y"], **config),)
+
+    def reference(self, inp):
+        return (references.matmul(*self._args(inp)),)
+
+    def oracle(self, inp):
+        return (oracles.matmul(*self._args(inp)),)
+
+    def error_scale(self, inp, expected):
+        """rtol is relative to sum_k |a_k| |w_k| + |bias|, not |y|: the dot product's rounding
+        scales with its terms, and y can cancel to far below them. The activations here have
+        |act'| <= 1.13 and |act(z)| <= |z|, so this bounds |y| too."""
+        return (torch.from_numpy(_abs_linear(inp["a"], inp["w"], inp["bias"])),)
+
+
+class SwiGLU(GemmOp):
+    name = "swiglu"
+    activations = GATED_ACTIVATIONS
+    default_activation = "silu"
+    # An inf in w_up alone meets a finite gate that fp32 rounds to exactly 0 (gelu below
+    # z ~ -5.6, silu below ~ -88): 0 * inf is NaN in any fp32 evaluation, while the float64
+    # oracle's tiny gate gives inf. Non-finite x is checked (both projections go non-finite).
+    nonfinite_weights = False
+
+    def inputs(self, case, device):
+        x, (wg, wu), (bg, bu) = self._operands(case, device, 2)
+        return {"x": x, "w_gate": wg, "w_up": wu, "b_gate": bg, "b_up": bu,
+                "activation": case.param("activation", self.default_activation)}
+
+    def _args(self, inp):
+        return inp["x"], inp["w_gate"], inp["w_up"], inp["b_gate"], inp["b_up"], inp["activation"]
+
+    def kernel(self, inp, out, **config):
+        return (kernels.swiglu(*self._args(inp), out=out["y"], **config),)
+
+    def reference(self, inp):
+        return (references.swiglu(*self._args(inp)),)
+
+    def oracle(self, inp):
+        return (oracles.swiglu(*self._args(inp)),)
+
+    def error_scale(self, inp, expected):
+        """y = g * u: an error d_g in the gate and d_u in the up projection move y by
+        |u| d_g + |g| d_u, each d relative to its own sum of |terms| (see Matmul), so rtol is
+        relative to |u| S_gate + |g| S_up (g and u from float64; this is >= |y|)."""
+        with np.errstate(all="ignore"):
+            xn = f64(inp["x"])
+            bg = None if inp["b_gate"] is None else f64(inp["b_gate"])
+            bu = None if inp["b_up"] is None else f64(inp["b_up"])
+            g = activate(linear(xn, f64(inp["w_gate"]), bg), inp["activation"])
+            u = linear(xn, f64(inp["w_up"]), bu)
+            scale = np.abs(u) * _abs_linear(inp["x"], inp["w_gate"], inp["b_gate"]) + \
+                np.abs(g) * _abs_linear(inp["x"], inp["w_up"], inp["b_up"])
+        return (torch.from_numpy(scale),)
+
+
+OPS = {op.name: op for op in (Matmul(), SwiGLU())}

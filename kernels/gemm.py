@@ -1,0 +1,246 @@
+"""GEMM with a fused epilogue: y = act(a @ w^T + bias), and the gated SwiGLU projection
+y = act(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up).
+
+a is [..., K] (leading dims flattened to M rows), weights are [N, K] as nn.Linear stores them,
+any strides. One program computes a BLOCK_M x BLOCK_N tile of y, walking K in BLOCK_K steps
+with an fp32 accumulator (fp32 inputs use true fp32 products, no TF32). The bias, the
+activation and (SwiGLU) the gate * up product are applied in registers and y is written once,
+rounded to the input dtype. Programs are ordered in groups of GROUP_M row tiles so that the
+tiles running at the same time share their weight columns in L2.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import check_same_device, check_same_dtype, check_tensor, new_out
+
+ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "relu")
+GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+_SQRT1_2 = 0.7071067811865476
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+@triton.jit
+def _activate(z, ACT: tl.constexpr):
+    """The activation on an fp32 tile; ACT is a constexpr, so only one branch is compiled."""
+    if ACT == "gelu":
+        z = 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
+    elif ACT == "gelu_tanh":
+        # 0.5 z (1 + tanh(u)) == z * sigmoid(2u): no tanh needed, and |z| huge gives z or -0
+        # (u overflows to +-inf) rather than inf * 0.
+        u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+        z = z / (1.0 + tl.exp(-2.0 * u))
+    elif ACT == "silu":
+        z = z / (1.0 + tl.exp(-z))
+    elif ACT == "relu":
+        z = tl.where(z < 0.0, 0.0, z)       # NaN stays NaN (a max() might drop it)
+    return z
+
+
+@triton.jit
+def _gemm_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, M, N, K,
+                 sam, sak, swn, swk, sw2n, sw2k, sb, sb2, sym,
+                 ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS2: tl.constexpr, GATED: tl.constexpr,
+                 EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
+    # Grouped order: GROUP_M row tiles x all column tiles per group, column-major inside it.
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % rows_in_group
+    pid_n = (pid % per_group) // rows_in_group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows and columns past the end wrap onto valid ones (their results are never stored), so
+    # only K needs a load mask, and only when K is not a multiple of BLOCK_K.
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    # Within-tile K offsets stay int32: the launcher keeps BLOCK_K * stride below 2^31.
+    a_ptrs = a_ptr + rm[:, None] * sam + offs_k[None, :] * sak
+    w_ptrs = w_ptr + rn[None, :] * swn + offs_k[:, None] * swk        # a [BLOCK_K, BLOCK_N] tile of w^T
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if GATED:
+        w2_ptrs = w2_ptr + rn[None, :] * sw2n + offs_k[:, None] * sw2k
+        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            k_ok = offs_k < K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)     # zeros past K add nothing
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * sak
+        w_ptrs += BLOCK_K * swk
+        if GATED:
+            if EVEN_K:
+                w2 = tl.load(w2_ptrs)
+            else:
+                w2 = tl.load(w2_ptrs, mask=k_ok[:, None], other=0.0)
+            acc2 = tl.dot(a, w2, acc2, input_precision=PRECISION)
+            w2_ptrs += BLOCK_K * sw2k
+
+    # Epilogue in fp32 registers.
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn * sb).to(tl.float32)[None, :]
+    y = _activate(acc, ACT)
+    if GATED:
+        if HAS_BIAS2:
+            acc2 += tl.load(b2_ptr + rn * sb2).to(tl.float32)[None, :]
+        y = y * acc2
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+
+# Shared memory a launch may plan for: an H100/H200 block gets 227 KiB.
+_SHARED_BYTES = 224 * 1024
+
+
+def _precision(dtype):
+    # fp32 inputs get true fp32 products (the GPU would otherwise round them to TF32).
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _check_block(name, value):
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
+        raise ValueError(f"{name}: expected a power of two >= 16, got {value!r}")
+
+
+def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m):
+    """Tiles, warps and stages. Large problems get Hopper-sized tiles (128 x 128 x 64, 8 warps;
+    a second weight for SwiGLU halves BLOCK_N so the two fp32 accumulators fit in registers);
+    small ones are clipped to the problem (at least 16, tl.dot's minimum) so no program computes
+    mostly padding. Explicit arguments win, and are only checked."""
+    for name, v in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
+        _check_block(name, v)
+    if group_m is not None and (isinstance(group_m, bool) or not isinstance(group_m, int) or group_m < 1):
+        raise ValueError(f"group_m: expected an int >= 1, got {group_m!r}")
+    bm, bn, bk = 128, 128 // n_weights, 64 if elem_size <= 2 else 32
+    bm = block_m or min(bm, max(16, triton.next_power_of_2(M)))
+    bn = block_n or min(bn, max(16, triton.next_power_of_2(N)))
+    bk = block_k or min(bk, max(16, triton.next_power_of_2(max(K, 1))))
+    warps = 8 if bm * bn >= 128 * 64 else 4
+    stages = 4 if elem_size <= 2 else 3
+
+    def shared(bk, stages):     # the pipelined a and weight tiles
+        return stages * (bm + n_weights * bn) * bk * elem_size
+
+    while shared(bk, stages) > _SHARED_BYTES and stages > 2:
+        stages -= 1
+    while shared(bk, stages) > _SHARED_BYTES and bk > 16 and block_k is None:
+        bk //= 2
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m or 8, num_warps=warps, num_stages=stages)
+
+
+def _check_activation(activation, allowed):
+    if not isinstance(activation, str):
+        raise TypeError(f"activation: expected a str, one of {', '.join(allowed)}; got {type(activation).__name__}")
+    if activation not in allowed:
+        raise ValueError(f"activation: expected one of {', '.join(allowed)}, got {activation!r}")
+
+
+def _check_weight(name, w, K, N=None, like="w"):
+    check_tensor(name, w, ndim=2)
+    if w.shape[1] != K:
+        raise ValueError(f"{name}: expected [N, K] with K = {K} (the last dim of the input), got shape "
+                         f"{tuple(w.shape)}: inner dims do not match")
+    if N is not None and w.shape[0] != N:
+        raise ValueError(f"{name}: expected the shape of {like} {(N, K)}, got {tuple(w.shape)}")
+
+
+def _check_bias(name, b, N):
+    if b is None:
+        return
+    check_tensor(name, b, ndim=1)
+    if b.shape[0] != N:
+        raise ValueError(f"{name}: expected shape ({N},) (one per output column), got {tuple(b.shape)}")
+
+
+def _rows(name, x):
+    """x [..., K] as a 2-d [M, K] tensor: a view where the leading dims merge, else a copy."""
+    check_tensor(name, x, min_ndim=1)
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
+def _fit_strides(t, bk):
+    """The kernel steps K by BLOCK_K * stride in int32; a tensor whose K stride would overflow
+    that is copied to a contiguous one (K stride 1)."""
+    return t.contiguous() if bk * abs(t.stride(1)) >= 2**31 else t
+
+
+def _launch(x2, weights, biases, out2, activation, cfg, gated):
+    M, K = x2.shape
+    N = weights[0].shape[0]
+    x2 = _fit_strides(x2, cfg["BLOCK_K"])
+    weights = [_fit_strides(w, cfg["BLOCK_K"]) for w in weights]
+    w, w2 = weights[0], weights[-1]
+    b, b2 = biases
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    _gemm_kernel[grid](
+        x2, w, w2, b if b is not None else w, b2 if b2 is not None else w, out2, M, N, K,
+        x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), w2.stride(0), w2.stride(1),
+        b.stride(0) if b is not None else 0, b2.stride(0) if b2 is not None else 0, out2.stride(0),
+        ACT=activation, HAS_BIAS=b is not None, HAS_BIAS2=b2 is not None, GATED=gated,
+        EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION=_precision(x2.dtype), **cfg)
+
+
+def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, activation: str = "none", *,
+           out: torch.Tensor | None = None, block_m: int | None = None, block_n: int | None = None,
+           block_k: int | None = None, group_m: int | None = None) -> torch.Tensor:
+    """act(a @ w^T + bias): a [..., K], w [N, K], bias [N] or None -> [..., N] (a contiguous
+    result in a's dtype, or `out`). activation: none, gelu (exact erf), gelu_tanh, silu, relu."""
+    a2 = _rows("a", a)
+    K = a.shape[-1]
+    _check_weight("w", w, K)
+    _check_bias("bias", bias, w.shape[0])
+    check_same_dtype(a=a, w=w, bias=bias)
+    check_same_device(a=a, w=w, bias=bias, out=out)
+    _check_activation(activation, ACTIVATIONS)
+    N = w.shape[0]
+    out = new_out(out, (*a.shape[:-1], N), a.dtype, a.device)
+    cfg = _config(a2.shape[0], N, K, a.element_size(), 1, block_m, block_n, block_k, group_m)
+    if out.numel():
+        _launch(a2, [w], (bias, None), out.view(-1, N), activation, cfg, gated=False)
+    return out
+
+
+def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: torch.Tensor | None = None,
+           b_up: torch.Tensor | None = None, activation: str = "silu", *, out: torch.Tensor | None = None,
+           block_m: int | None = None, block_n: int | None = None, block_k: int | None = None,
+           group_m: int | None = None) -> torch.Tensor:
+    """act(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up): x [..., K], w_gate and w_up [N, K],
+    biases [N] or None -> [..., N]. Both projections share each loaded tile of x, accumulate
+    in fp32 side by side, and meet in registers; y is written once. activation: silu, gelu,
+    gelu_tanh."""
+    x2 = _rows("x", x)
+    K = x.shape[-1]
+    _check_weight("w_gate", w_gate, K)
+    N = w_gate.shape[0]
+    _check_weight("w_up", w_up, K, N, like="w_gate")
+    _check_bias("b_gate", b_gate, N)
+    _check_bias("b_up", b_up, N)
+    check_same_dtype(x=x, w_gate=w_gate, w_up=w_up, b_gate=b_gate, b_up=b_up)
+    check_same_device(x=x, w_gate=w_gate, w_up=w_up, b_gate=b_gate, b_up=b_up, out=out)
+    _check_activation(activation, GATED_ACTIVATIONS)
+    out = new_out(out, (*x.shape[:-1], N), x.dtype, x.device)
+    cfg = _config(x2.shape[0], N, K, x.element_size(), 2, block_m, block_n, block_k, group_m)
+    if out.numel():
+        _launch(x2, [w_gate, w_up], (b_gate, b_up), out.view(-1, N), activation, cfg, gated=True)
+    return out
