@@ -73,8 +73,8 @@ def summarize(records: list) -> list:
         headroom = math.inf if usage == 0 else 1.0 / usage
         if failures:
             flag = "FAIL"
-        elif headroom > LOOSE_HEADROOM:
-            flag = "LOOSE"
+        elif headroom > LOOSE_HEADROOM and (num(worst["atol"]) or num(worst["rtol"]) or worst["ref_ratio"]):
+            flag = "LOOSE"          # (an exact budget, atol = rtol = 0, cannot be loose)
         elif headroom < TIGHT_HEADROOM:
             flag = "TIGHT"
         else:

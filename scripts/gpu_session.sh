@@ -2,7 +2,7 @@
 # One GPU session in one command (device time is scarce): versions, the suite under the gpu
 # profile with its audit, then the benchmark. Everything lands in $OUT.
 #   OUT=/tmp/out bash scripts/gpu_session.sh [extra pytest args]
-#   (SKIP_SUITE=1, EXPLORE="rowops rope attention", BENCHES="foundation attention" or BENCHES= for none, SUITE_TIMEOUT, TEST_TIMEOUT)
+#   (SKIP_SUITE=1, EXPLORE="rowops rope attention", BENCHES="foundation attention adamw" or BENCHES= for none, SUITE_TIMEOUT, TEST_TIMEOUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/kernelcheck-out}
 mkdir -p "$OUT"
@@ -24,7 +24,7 @@ for name in ${EXPLORE:-}; do
   timeout 150 python3 "bench/explore_$name.py" 2>&1 | tee "$OUT/explore_$name.log" | tail -20
 done
 # BENCHES: which of bench/bench_<name>.py to run (default: all of them).
-for name in ${BENCHES-foundation attention}; do
+for name in ${BENCHES-foundation attention adamw}; do
   timeout "${BENCH_TIMEOUT:-200}" python3 "bench/bench_$name.py" --out "$OUT" > "$OUT/bench_$name.log" 2>&1
   echo "bench $name exit $?"; tail -30 "$OUT/bench_$name.log"
 done

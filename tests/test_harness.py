@@ -145,17 +145,18 @@ def test_audit_records_are_plain_builtins(backend, budgets):
     assert audit.decode(audit.encode(rec)) == rec
 
 
-def _rec(op, usage, passed=True, case="c"):
+def _rec(op, usage, passed=True, case="c", rtol=1e-6):
     return {"op": op, "dtype": "float32", "case": case, "usage": usage, "passed": passed, "max_abs_err": 0.0,
-            "max_rel_err": 0.0, "atol": 0.0, "rtol": 0.0, "ref_ratio": None}
+            "max_rel_err": 0.0, "atol": 0.0, "rtol": rtol, "ref_ratio": None}
 
 
 def test_audit_summary_flags():
     rows = {r["op"]: r for r in audit.summarize([
         _rec("loose", 0.001), _rec("tight", 0.9), _rec("ok", 0.3), _rec("ok", 0.1, case="d"),
-        _rec("fail", "inf", passed=False), _rec("exact", 0.0)])}
+        _rec("fail", "inf", passed=False), _rec("zero_error", 0.0), _rec("exact_budget", 0.0, rtol=0.0)])}
     assert rows["loose"]["flag"] == "LOOSE" and rows["tight"]["flag"] == "TIGHT" and rows["ok"]["flag"] == ""
-    assert rows["fail"]["flag"] == "FAIL" and rows["exact"]["flag"] == "LOOSE"
+    assert rows["fail"]["flag"] == "FAIL" and rows["zero_error"]["flag"] == "LOOSE"
+    assert rows["exact_budget"]["flag"] == ""       # atol = rtol = 0: nothing a bug could hide in
     assert rows["ok"]["cases"] == 2 and abs(rows["ok"]["headroom"] - 1 / 0.3) < 1e-12
 
 
