@@ -108,7 +108,9 @@ def format_table(rows: list) -> str:
 def write_json(path, records: list, meta: dict) -> None:
     doc = {"meta": {**meta, "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
            "summary": [{**r, "headroom": _num(r["headroom"])} for r in summarize(records)],
-           "records": records}
+           # Sorted, so that two runs of the same cases write the same records in the same order
+           # whatever order the xdist workers finished in.
+           "records": sorted(records, key=lambda r: (r["test"], r["case"], r["output"]))}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True, allow_nan=False)
         f.write("\n")

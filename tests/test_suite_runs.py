@@ -33,6 +33,23 @@ def test_records_from_every_xdist_worker_reach_the_audit(tmp_path):
     assert "kernelcheck audit" in out and "rmsnorm" in out
 
 
+def test_ci_profile_runs_are_reproducible(tmp_path):
+    """Two runs of the ci profile draw the same cases and write the same audit records, byte
+    for byte (the header's date and the xdist worker that ran a case aside)."""
+    texts = []
+    for run in range(2):
+        path = tmp_path / f"audit{run}.json"
+        rc, out = _pytest("-n", "2", "--op", "softmax", "--dtype", "float16", "tests/test_ops.py",
+                          "--hypothesis-profile", "ci", f"--audit-json={path}")
+        assert rc == 0, out
+        records = json.loads(path.read_text())["records"]
+        for r in records:
+            r.pop("worker")
+        texts.append(json.dumps(records, sort_keys=True))
+    assert texts[0] == texts[1]
+    assert len(json.loads(texts[0])) > 20
+
+
 def test_unknown_op_is_a_usage_error():
     rc, out = _pytest("--op", "nosuch", "tests/test_ops.py", "--collect-only")
     assert rc == 4 and "--op nosuch: unknown op" in out
