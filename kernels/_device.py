@@ -29,3 +29,23 @@ def kahan_add(total, comp, value):
     y = value - comp
     t = total + y
     return t, tl.where(tl.abs(t) < float("inf"), (t - total) - y, 0.0)
+
+
+@triton.jit
+def activate(z, ACT: tl.constexpr):
+    """An activation of an fp32 tile: "none", "gelu" (exact: 0.5 z (1 + erf(z / sqrt 2))),
+    "gelu_tanh", "silu", "relu". ACT is a constexpr, so only one branch is compiled.
+    gelu_tanh is evaluated as z / (1 + exp(-2u)), u = sqrt(2/pi) (z + 0.044715 z^3): the same
+    function as 0.5 z (1 + tanh(u)) without its cancellation for negative z, and huge |z| gives z
+    or -0 (u overflows to +-inf) rather than inf * 0. Both GELUs take gelu(-inf) = -0, their
+    limit (the formulas would give -inf * 0 = NaN)."""
+    if ACT == "gelu":
+        z = tl.where(z == -float("inf"), -0.0, 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476)))
+    elif ACT == "gelu_tanh":
+        u = 0.7978845608028654 * (z + 0.044715 * (z * z * z))
+        z = tl.where(z == -float("inf"), -0.0, z / (1.0 + tl.exp(-2.0 * u)))
+    elif ACT == "silu":
+        z = z / (1.0 + tl.exp(-z))
+    elif ACT == "relu":
+        z = tl.where(z < 0.0, 0.0, z)       # NaN stays NaN (a max() might drop it)
+    return z

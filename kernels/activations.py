@@ -24,20 +24,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._device import row_offsets
+from kernels._device import activate, row_offsets
 from kernels._launch import (check_same_device, check_same_dtype, check_shape, check_tensor,
                              leading_layout, new_out)
 
 APPROXIMATIONS = ("none", "tanh")
-_SQRT1_2 = 0.7071067811865476
-_SQRT_2_OVER_PI = 0.7978845608028654
 _MAX_BLOCK_N = 1024
 _TILE = 4096      # elements a program moves: short rows are packed several to a program
 
 
 @triton.jit
 def _bias_gelu_kernel(y_ptr, b_ptr, o_ptr, n_rows, N, n1, n2, ys0, ys1, ys2, ysn, bs,
-                      HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -48,15 +46,7 @@ def _bias_gelu_kernel(y_ptr, b_ptr, o_ptr, n_rows, N, n1, n2, ys0, ys1, ys2, ysn
     x = tl.load(y_ptr + y_off, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
         x = x + tl.load(b_ptr + cols * bs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if TANH:
-        # x^3 may overflow to +-inf for |x| > ~5e12: u = +-inf, and the quotient still tends
-        # to x or to -0 as it should.
-        u = _SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x))
-        g = x / (1.0 + tl.exp(-2.0 * u))
-    else:
-        g = 0.5 * x * (1.0 + tl.erf(x * _SQRT1_2))
-    # -inf would give -inf * 0 = NaN in both forms; its limit is -0.
-    g = tl.where(x == -float("inf"), -0.0, g)
+    g = activate(x, ACT)       # "gelu" or "gelu_tanh"
     o_off = (rows * N)[:, None] + cols[None, :]
     tl.store(o_ptr + o_off, g.to(o_ptr.dtype.element_ty), mask=mask)
 
@@ -101,6 +91,6 @@ def bias_gelu(y: torch.Tensor, bias: torch.Tensor | None = None, approximate: st
     _bias_gelu_kernel[grid](
         y, bias if bias is not None else y, out, n_rows, N, n1, n2, ys0, ys1, ys2, y.stride(-1),
         bias.stride(0) if bias is not None else 0,
-        HAS_BIAS=bias is not None, TANH=approximate == "tanh",
+        HAS_BIAS=bias is not None, ACT="gelu_tanh" if approximate == "tanh" else "gelu",
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return out

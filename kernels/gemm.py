@@ -16,30 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._device import activate
 from kernels._launch import check_same_device, check_same_dtype, check_tensor, new_out
 
 ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "relu")
 GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
-_SQRT1_2 = 0.7071067811865476
-_SQRT_2_OVER_PI = 0.7978845608028654
-
-
-@triton.jit
-def _activate(z, ACT: tl.constexpr):
-    """The activation on an fp32 tile; ACT is a constexpr, so only one branch is compiled."""
-    if ACT == "gelu":
-        z = 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
-    elif ACT == "gelu_tanh":
-        # 0.5 z (1 + tanh(u)) == z * sigmoid(2u): no tanh needed, and |z| huge gives z or -0
-        # (u overflows to +-inf) rather than inf * 0.
-        u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
-        z = z / (1.0 + tl.exp(-2.0 * u))
-    elif ACT == "silu":
-        z = z / (1.0 + tl.exp(-z))
-    elif ACT == "relu":
-        z = tl.where(z < 0.0, 0.0, z)       # NaN stays NaN (a max() might drop it)
-    return z
 
 
 @triton.jit
@@ -94,7 +76,7 @@ def _gemm_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, M, N, K,
     # Epilogue in fp32 registers.
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn * sb).to(tl.float32)[None, :]
-    y = _activate(acc, ACT)
+    y = activate(acc, ACT)
     if GATED:
         if HAS_BIAS2:
             acc2 += tl.load(b2_ptr + rn * sb2).to(tl.float32)[None, :]

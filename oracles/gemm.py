@@ -18,10 +18,12 @@ def activate(z, activation):
     """The activation of float64 values, as the formulas in docs/NUMERICS.md write them."""
     if activation == "none":
         return z
+    # Both GELUs at -inf: the limit -0 (the formula would give -inf * 0 = NaN).
     if activation == "gelu":
-        return 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0)))
+        return np.where(z == -np.inf, -0.0, 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))))
     if activation == "gelu_tanh":
-        return 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z ** 3)))
+        g = 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z ** 3)))
+        return np.where(z == -np.inf, -0.0, g)
     if activation == "silu":
         return z / (1.0 + np.exp(-z))
     if activation == "relu":
