@@ -13,7 +13,7 @@ if [ "${SKIP_SUITE:-0}" != 1 ]; then
   start=$(date +%s)
   # pytest-timeout (on the GPU image) bounds each test, so one slow case cannot eat the session.
   timeout "${SUITE_TIMEOUT:-570}" python3 -m pytest -n "${WORKERS:-16}" -q -p no:cacheprovider \
-      -p timeout --timeout="${TEST_TIMEOUT:-120}" -p no:benchmark \
+      -p timeout --timeout="${TEST_TIMEOUT:-300}" -p no:benchmark \
       --audit-json "$OUT/audit_gpu.json" "$@" > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest exit $? after $(( $(date +%s) - start )) s"
   grep -E "^(FAILED|ERROR)|FAILED on|Error|passed|failed" "$OUT/pytest_gpu.log" | cut -c1-300 | tail -50
