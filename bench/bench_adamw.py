@@ -22,6 +22,7 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import copy_ceiling  # noqa: E402
 import kernels  # noqa: E402
 
 HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
@@ -34,13 +35,6 @@ def decoder_shapes(hidden=1536, layers=28, heads=12, kv_heads=2, mlp=8960, vocab
     per_layer = [(hidden, hidden), (hidden,), (kv, hidden), (kv,), (kv, hidden), (kv,), (hidden, hidden),
                  (mlp, hidden), (mlp, hidden), (hidden, mlp), (hidden,), (hidden,)]
     return [(vocab, hidden)] + per_layer * layers + [(hidden,)]
-
-
-def copy_ceiling() -> float:
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
 def make(shapes, seed=0):

@@ -18,31 +18,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import bench, copy_ceiling, gbps  # noqa: E402
 import kernels  # noqa: E402  (the GPU backend: TRITON_INTERPRET is not set)
 import references  # noqa: E402
 
 T, D = 32768, 4096               # tokens x hidden
 B, S, HQ, HKV, HD = 8, 4096, 32, 8, 128
-
-
-def gbps(nbytes: int, ms: float) -> float:
-    return nbytes / (ms * 1e-3) / 1e9
-
-
-def bench(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    return do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def copy_ceiling() -> float:
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")   # 1 GiB
-    dst = torch.empty_like(src)
-    return gbps(2 * src.numel(), bench(lambda: dst.copy_(src)))
 
 
 def hf_cos_sin(positions, dtype):

@@ -149,18 +149,24 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, Tq
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, GROUP, D, chunk, block_size,
-                   sq_b, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, st_b,
+                   capacity, num_blocks, sq_b, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, st_b,
                    so_b, so_h, so_s, sl_p, sl_b, sl_h, qk_scale,
                    PAGED: tl.constexpr, FINAL: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """One program: batch row b, KV head kvh, and cache positions [split * chunk, (split+1) * chunk).
 
     FINAL: a single split, so write the normalised output straight into `out`. Otherwise write
-    the split's normalised partial output (fp32), its max raw score m and its sum l for the combine."""
+    the split's normalised partial output (fp32), its max raw score m and its sum l for the combine.
+
+    The launcher checks lengths and page indices unless told not to (validate=False); the kernel
+    guards them anyway, so nothing outside the cache is ever read: a length outside
+    [0, capacity] makes its row NaN, and so does a page index outside [0, num_blocks)."""
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    seqlen = tl.load(seqlens_ptr + b).to(tl.int32)
+    seqlen = tl.load(seqlens_ptr + b).to(tl.int64)
+    len_ok = (seqlen >= 0) & (seqlen <= capacity)
+    seqlen = tl.where(len_ok, seqlen, 0).to(tl.int32)
     lo = split * chunk
     hi = tl.minimum(seqlen, lo + chunk)
 
@@ -181,6 +187,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, G
         if PAGED:
             # Each position finds its page: a tile may straddle pages of any size.
             page = tl.load(table_ptr + b * st_b + pos // block_size, mask=pos_ok, other=0).to(tl.int64)
+            page_ok = (page >= 0) & (page < num_blocks)
+            len_ok = len_ok & (tl.min(tl.where(pos_ok & ~page_ok, 0, 1), axis=0) == 1)
+            page = tl.where(page_ok, page, 0)
             slot = (pos % block_size).to(tl.int64)
             k_row = page * sk_b + slot * sk_t
             v_row = page * sv_b + slot * sv_t
@@ -195,6 +204,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, G
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, qk_scale, PRECISION)
 
     out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
+    out = tl.where(len_ok, out, float("nan"))
+    l_i = tl.where(len_ok, l_i, float("nan"))
     o_ptrs = o_ptr + b * so_b + h[:, None] * so_h + split * so_s + offs_d[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
     if not FINAL:
@@ -404,13 +415,17 @@ def _decode_launch(d):
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor,
                      scale: float | None = None, *, block_table: torch.Tensor | None = None,
                      num_splits: int | None = None, out: torch.Tensor | None = None,
-                     block_n: int | None = None) -> torch.Tensor:
+                     block_n: int | None = None, validate: bool = True) -> torch.Tensor:
     """One query token per sequence against a KV cache; returns [B, Hq, D].
 
     Contiguous: caches [B, Tmax, Hkv, D]; row b attends to positions < seqlens[b] (0: zeros).
     Paged: caches [num_blocks, block_size, Hkv, D] and block_table [B, max_blocks], position p of
     row b living in block block_table[b, p // block_size]. Long contexts are split across
     programs (num_splits, chosen by shape unless given) and merged exactly.
+
+    validate: check seqlens and block_table on the host (one sync, ValueError naming the
+    argument). A decode loop that guarantees them (or is captured in a CUDA graph) can pass
+    False: bad lengths or page indices then give NaN rows, never a read outside the cache.
     """
     check_tensor("q", q, ndim=3)
     check_tensor("k_cache", k_cache, ndim=4)
@@ -441,7 +456,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         block_size = 1
         capacity = k_cache.shape[1]
     # One host sync checks every length and page index this call can touch.
-    if B:
+    if B and validate:
         longest = seqlens.max()
         shortest = seqlens.min()
         checks = [longest, shortest]
@@ -475,14 +490,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                   PRECISION=_precision(q.dtype), **launch)
     if splits == 1:
         _decode_kernel[(B, Hkv, 1)](
-            q, k_cache, v_cache, seqlens, table, out, out, group, D, chunk, block_size,
+            q, k_cache, v_cache, seqlens, table, out, out, group, D, chunk, block_size, capacity, k_cache.shape[0],
             *q.stride(), *k_cache.stride(), *v_cache.stride(), st_b,
             out.stride(0), out.stride(1), 0, 0, 0, 0, scale * _LOG2E, FINAL=True, **common)
         return out
     part_o = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((2, B, Hq, splits), dtype=torch.float32, device=q.device)    # [m, l] per split
     _decode_kernel[(B, Hkv, splits)](
-        q, k_cache, v_cache, seqlens, table, part_o, part_ml, group, D, chunk, block_size,
+        q, k_cache, v_cache, seqlens, table, part_o, part_ml, group, D, chunk, block_size, capacity, k_cache.shape[0],
         *q.stride(), *k_cache.stride(), *v_cache.stride(), st_b,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), *part_ml.stride()[:3],
         scale * _LOG2E, FINAL=False, **common)

@@ -232,3 +232,43 @@ def test_embedding_kernel_masks_ids_the_host_check_would_refuse(dev):
     _embedding_kernel[(1, 1)](ids, table, out, 4, 4, 8, 1, table.stride(0), table.stride(1), BLOCK_T=4, BLOCK_H=8)
     assert torch.equal(out[0], table[2])
     assert bool(out[1:].isnan().all())
+
+
+@pytest.mark.op("embedding")
+def test_embedding_unvalidated_bad_ids_give_nan_rows(dev):
+    """validate=False skips the host check; a bad id then gives a NaN row, the others stay exact."""
+    table = T(4, 8, device=dev)
+    y = kernels.embedding(torch.tensor([3, 4, -2, 0], device=dev), table, validate=False)
+    assert torch.equal(y[0], table[3]) and torch.equal(y[3], table[0])
+    assert bool(y[1:3].isnan().all())
+
+
+@pytest.mark.op("decode_attention")
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_unvalidated_bad_lengths_and_pages_give_nan_rows(dev, paged):
+    """validate=False skips the host check of seqlens and block_table. A length outside
+    [0, capacity] or a page index outside the cache then makes its row NaN; the kernel reads
+    nothing outside the cache (the interpreter's out-of-bounds guard is on), and good rows are
+    the same as with validation."""
+    q = T(4, 4, 16, device=dev)
+    if paged:
+        k, v = T(6, 4, 2, 16, device=dev), T(6, 4, 2, 16, device=dev)        # 6 pages of 4 slots
+        table = torch.tensor([[0, 1], [2, 3], [4, 9], [5, -1]], device=dev)  # row 2: page 9 in use
+        seqlens = torch.tensor([5, 8, 7, 3], device=dev)                      # row 3: page -1 unused
+        bad, good = [2], [0, 1, 3]
+    else:
+        k, v = T(4, 8, 2, 16, device=dev), T(4, 8, 2, 16, device=dev)
+        table = None
+        seqlens = torch.tensor([5, 9, -1, 8], device=dev)
+        bad, good = [1, 2], [0, 3]
+    for splits in (1, 3):
+        y = kernels.decode_attention(q, k, v, seqlens, block_table=table, num_splits=splits, validate=False)
+        assert bool(y[bad].isnan().all()), splits
+        fixed_lens = seqlens.clone()
+        fixed_lens[bad] = 1
+        fixed_table = None
+        if paged:
+            fixed_table = table.clone()
+            fixed_table[bad] = 0
+        ref = kernels.decode_attention(q, k, v, fixed_lens, block_table=fixed_table, num_splits=splits)
+        assert torch.equal(y[good], ref[good]), splits

@@ -1,0 +1,213 @@
+"""Speed of the GEMM family against what a PyTorch user would run instead.
+
+    python bench/bench_gemm.py --out results/ [--sweep]
+
+bf16 unless said; triton.testing.do_bench medians.
+- matmul with bias (TFLOP/s, 2 M N K) against cuBLAS (F.linear) and torch.compile(F.linear), at
+  8192^3 and the LLM shapes M 32768, K 4096, N 4096 and 14336;
+- swiglu (TFLOP/s, 4 M N K) against the unfused expression eager and under torch.compile;
+- fp8_matmul (e4m3, per-row / per-column scales) against torch._scaled_mm with the same scales,
+  when kernels.fp8_matmul exists;
+- bias_gelu and embedding (GB/s: bytes read + written once) against eager and torch.compile /
+  F.embedding, next to the measured copy ceiling.
+--sweep first times matmul and swiglu tile configs (explicit BLOCK_M/N/K, warps, stages) at the
+large shapes, to choose the launcher's defaults.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import ERRORS, attempt, bench, copy_ceiling, gbps, meta, tflops  # noqa: E402
+import kernels  # noqa: E402  (the GPU backend: TRITON_INTERPRET is not set)
+from kernels import gemm  # noqa: E402
+
+DT = torch.bfloat16
+GEMM_SHAPES = [(8192, 8192, 8192), (32768, 4096, 4096), (32768, 4096, 14336)]     # (M, K, N)
+SWEEP = [  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
+    (128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
+    (128, 128, 64, 4, 4), (128, 256, 64, 8, 4), (128, 128, 128, 8, 3), (64, 256, 64, 4, 4),
+]
+SWEEP_GATED = [(128, 64, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4),
+               (128, 64, 64, 4, 4), (256, 64, 64, 8, 3)]
+
+
+def rand(*shape, g, scale=1.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.float32, generator=g) * scale).to(DT)
+
+
+def linear_operands(M, K, N, g):
+    return rand(M, K, g=g), rand(N, K, g=g, scale=K ** -0.5), rand(N, g=g)
+
+
+def sweep(rows_out):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for gated, configs in ((False, SWEEP), (True, SWEEP_GATED)):
+        for M, K, N in GEMM_SHAPES[::2]:
+            a, w, b = linear_operands(M, K, N, g)
+            w2 = rand(N, K, g=g, scale=K ** -0.5) if gated else None
+            out = torch.empty(M, N, device="cuda", dtype=DT)
+            for bm, bn, bk, warps, stages in configs:
+                cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+                weights, biases = ([w, w2], (b, b)) if gated else ([w], (b, None))
+                act = "silu" if gated else "none"
+                label = f"sweep {'swiglu' if gated else 'matmul'} {M}x{K}x{N} {bm}x{bn}x{bk} w{warps} s{stages}"
+                ms = attempt(label, lambda: bench(lambda: gemm._launch(a, weights, biases, out, act, cfg, gated)))
+                flops = (4 if gated else 2) * M * N * K
+                row = {"op": "swiglu" if gated else "matmul", "M": M, "K": K, "N": N, "config": [bm, bn, bk, warps, stages],
+                       "ms": ms, "tflops": tflops(flops, ms) if ms else None}
+                rows_out.append(row)
+                print(label, f"{row['tflops']:.0f} TFLOP/s" if ms else "failed", flush=True)
+            del a, w, b, w2, out
+            torch.cuda.empty_cache()
+
+
+def gemm_rows():
+    g = torch.Generator(device="cuda").manual_seed(1)
+    compiled_linear = torch.compile(F.linear)
+
+    def unfused_swiglu(x, wg, wu):
+        return F.silu(F.linear(x, wg)) * F.linear(x, wu)
+    compiled_swiglu = torch.compile(unfused_swiglu)
+    rows = []
+    for M, K, N in GEMM_SHAPES:
+        a, w, b = linear_operands(M, K, N, g)
+        flops = 2 * M * N * K
+        row = {"op": "matmul + bias", "shape": f"M{M} K{K} N{N}", "unit": "TFLOP/s"}
+        for peer, fn in (("ours", lambda: kernels.matmul(a, w, b)), ("cuBLAS", lambda: F.linear(a, w, b)),
+                         ("torch.compile", lambda: compiled_linear(a, w, b))):
+            ms = attempt(f"matmul {M}x{K}x{N} {peer}", lambda: bench(fn))
+            row[peer] = tflops(flops, ms) if ms else None
+        rows.append(row)
+        print(row, flush=True)
+        if N != 4096:
+            w2 = rand(N, K, g=g, scale=K ** -0.5)
+            row = {"op": "swiglu (silu)", "shape": f"M{M} K{K} N{N}", "unit": "TFLOP/s"}
+            for peer, fn in (("ours", lambda: kernels.swiglu(a, w, w2)), ("eager", lambda: unfused_swiglu(a, w, w2)),
+                             ("torch.compile", lambda: compiled_swiglu(a, w, w2))):
+                ms = attempt(f"swiglu {M}x{K}x{N} {peer}", lambda: bench(fn))
+                row[peer] = tflops(2 * flops, ms) if ms else None
+            rows.append(row)
+            print(row, flush=True)
+            del w2
+        del a, w, b
+        torch.cuda.empty_cache()
+    return rows
+
+
+def fp8_rows():
+    if not hasattr(kernels, "fp8_matmul"):
+        return []
+    g = torch.Generator(device="cuda").manual_seed(2)
+    rows = []
+    f8 = torch.float8_e4m3fn
+    for M, K, N in GEMM_SHAPES:
+        a = torch.randn(M, K, device="cuda", generator=g).to(f8)
+        b = torch.randn(N, K, device="cuda", generator=g).to(f8)
+        sa = torch.rand(M, device="cuda", generator=g) + 0.5
+        sb = torch.rand(N, device="cuda", generator=g) + 0.5
+        flops = 2 * M * N * K
+        row = {"op": "fp8_matmul e4m3 rowwise -> bf16", "shape": f"M{M} K{K} N{N}", "unit": "TFLOP/s"}
+        peers = (("ours", lambda: kernels.fp8_matmul(a, b, sa, sb, None, DT)),
+                 ("torch._scaled_mm", lambda: torch._scaled_mm(a, b.t(), sa[:, None], sb[None, :], out_dtype=DT)))
+        for peer, fn in peers:
+            ms = attempt(f"fp8 {M}x{K}x{N} {peer}", lambda: bench(fn))
+            row[peer] = tflops(flops, ms) if ms else None
+        s1 = torch.ones((), device="cuda")
+        ms = attempt(f"fp8 {M}x{K}x{N} ours per-tensor", lambda: bench(lambda: kernels.fp8_matmul(a, b, s1, s1, None, DT)))
+        row["ours per-tensor"] = tflops(flops, ms) if ms else None
+        ms = attempt(f"fp8 {M}x{K}x{N} _scaled_mm per-tensor",
+                     lambda: bench(lambda: torch._scaled_mm(a, b.t(), s1, s1, out_dtype=DT)))
+        row["_scaled_mm per-tensor"] = tflops(flops, ms) if ms else None
+        rows.append(row)
+        print(row, flush=True)
+        del a, b
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bandwidth_rows(copy):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    rows = []
+    # bias + GELU on a [32768, 16384] activation (the MLP's up projection output).
+    y = rand(32768, 16384, g=g)
+    b = rand(16384, g=g)
+    nbytes = 2 * y.numel() * y.element_size()
+
+    def eager(y, b):
+        return F.gelu(y + b)
+    compiled = torch.compile(eager)
+    row = {"op": "bias_gelu (erf)", "shape": "32768 x 16384", "unit": "GB/s"}
+    for peer, fn in (("ours", lambda: kernels.bias_gelu(y, b)), ("eager", lambda: eager(y, b)),
+                     ("torch.compile", lambda: compiled(y, b))):
+        ms = attempt(f"bias_gelu {peer}", lambda: bench(fn))
+        row[peer] = gbps(nbytes, ms) if ms else None
+    rows.append(row)
+    print(row, flush=True)
+    del y
+    # Embedding: 32768 ids into a [151936, H] table (Qwen2's vocab), H 1536 and 4096.
+    for H in (1536, 4096):
+        table = rand(151936, H, g=g)
+        ids = torch.randint(0, 151936, (32768,), device="cuda", generator=g)
+        nbytes = 2 * ids.numel() * H * table.element_size() + ids.numel() * ids.element_size()
+        row = {"op": "embedding", "shape": f"32768 ids x {H}, vocab 151936", "unit": "GB/s"}
+        for peer, fn in (("ours", lambda: kernels.embedding(ids, table)),
+                         ("F.embedding", lambda: F.embedding(ids, table))):
+            ms = attempt(f"embedding {H} {peer}", lambda: bench(fn))
+            row[peer] = gbps(nbytes, ms) if ms else None
+        rows.append(row)
+        print(row, flush=True)
+        del table
+    for r in rows:
+        r["ours % of copy"] = 100 * r["ours"] / copy if r.get("ours") else None
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--only", default="gemm,fp8,bandwidth")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    only = set(args.only.split(","))
+    sweep_rows = []
+    if args.sweep:
+        sweep(sweep_rows)
+    copy = copy_ceiling()
+    rows = (gemm_rows() if "gemm" in only else []) + (fp8_rows() if "fp8" in only else []) + \
+        (bandwidth_rows(copy) if "bandwidth" in only else [])
+    info = meta(copy_gbps=copy, timing="triton.testing.do_bench median, warmup 25 ms, rep 200 ms")
+    (out / "bench_gemm.json").write_text(json.dumps({"meta": info, "rows": rows, "sweep": sweep_rows,
+                                                     "errors": ERRORS}, indent=1) + "\n")
+
+    def f(v):
+        return "-" if v is None else f"{v:.0f}"
+    lines = [f"# GEMM family: speed on {info['device']}", "",
+             f"{info['date']}, torch {info['torch']}, triton {info['triton']}; bf16 unless said; do_bench medians. "
+             f"TFLOP/s count 2 M N K (swiglu 4 M N K); GB/s count bytes read + written once. "
+             f"Copy ceiling {copy:.0f} GB/s.", "",
+             "| op | shape | unit | ours | peers | ours / best peer |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        peers = {k: v for k, v in r.items() if k not in ("op", "shape", "unit", "ours", "ours % of copy")}
+        best = max((v for v in peers.values() if v), default=None)
+        peer_txt = ", ".join(f"{k} {f(v)}" for k, v in peers.items())
+        ours = f(r.get("ours")) + (f" ({r['ours % of copy']:.0f}% of copy)" if r.get("ours % of copy") else "")
+        vs = f"{r['ours'] / best:.2f}x" if r.get("ours") and best else "-"
+        lines.append(f"| {r['op']} | {r['shape']} | {r['unit']} | {ours} | {peer_txt} | {vs} |")
+    if ERRORS:
+        lines += ["", "## Errors", ""] + [f"- {k}: {v[:200]}" for k, v in ERRORS.items()]
+    (out / "bench_gemm.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
