@@ -32,11 +32,11 @@ from kernels import gemm  # noqa: E402
 DT = torch.bfloat16
 GEMM_SHAPES = [(8192, 8192, 8192), (32768, 4096, 4096), (32768, 4096, 14336)]     # (M, K, N)
 SWEEP = [  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
-    (128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
-    (128, 128, 64, 4, 4), (128, 256, 64, 8, 4), (128, 128, 128, 8, 3), (64, 256, 64, 4, 4),
+    (256, 128, 64, 8, 3), (256, 128, 64, 8, 4), (256, 128, 32, 8, 4), (128, 128, 64, 4, 4),
+    (256, 128, 64, 4, 3), (128, 256, 32, 8, 4), (256, 256, 64, 8, 2),
 ]
-SWEEP_GATED = [(128, 64, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4),
-               (128, 64, 64, 4, 4), (256, 64, 64, 8, 3)]
+SWEEP_GATED = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 128, 32, 8, 4),
+               (256, 64, 64, 8, 4)]
 
 
 def rand(*shape, g, scale=1.0):
@@ -67,6 +67,31 @@ def sweep(rows_out):
                 print(label, f"{row['tflops']:.0f} TFLOP/s" if ms else "failed", flush=True)
             del a, w, b, w2, out
             torch.cuda.empty_cache()
+
+
+def sweep_bandwidth(rows_out):
+    """Elements per program (_TILE) and tile widths of bias_gelu and embedding."""
+    from kernels import activations, embedding
+    g = torch.Generator(device="cuda").manual_seed(4)
+    y, b = rand(32768, 16384, g=g), rand(16384, g=g)
+    tables = {H: rand(151936, H, g=g) for H in (1536, 4096)}
+    ids = torch.randint(0, 151936, (32768,), device="cuda", generator=g)
+    for tile in (2048, 4096, 8192, 16384):
+        for block_cols in (None, 512, 2048):
+            activations._TILE = embedding._TILE = tile
+            ms = attempt("sweep bias_gelu", lambda: bench(lambda: kernels.bias_gelu(y, b, block_cols=block_cols)))
+            rows_out.append({"op": "bias_gelu", "tile": tile, "block_cols": block_cols,
+                             "gbps": gbps(4 * y.numel(), ms) if ms else None})
+            print(rows_out[-1], flush=True)
+            for H, table in tables.items():
+                ms = attempt("sweep embedding", lambda: bench(
+                    lambda: kernels.embedding(ids, table, block_cols=block_cols, validate=False)))
+                rows_out.append({"op": f"embedding H{H}", "tile": tile, "block_cols": block_cols,
+                                 "gbps": gbps(4 * ids.numel() * H, ms) if ms else None})
+                print(rows_out[-1], flush=True)
+    activations._TILE, embedding._TILE = 4096, 4096
+    del y, tables
+    torch.cuda.empty_cache()
 
 
 def gemm_rows():
@@ -159,6 +184,7 @@ def bandwidth_rows(copy):
         nbytes = 2 * ids.numel() * H * table.element_size() + ids.numel() * ids.element_size()
         row = {"op": "embedding", "shape": f"32768 ids x {H}, vocab 151936", "unit": "GB/s"}
         for peer, fn in (("ours", lambda: kernels.embedding(ids, table)),
+                         ("ours validate=False", lambda: kernels.embedding(ids, table, validate=False)),
                          ("F.embedding", lambda: F.embedding(ids, table))):
             ms = attempt(f"embedding {H} {peer}", lambda: bench(fn))
             row[peer] = gbps(nbytes, ms) if ms else None
@@ -181,6 +207,7 @@ def main():
     only = set(args.only.split(","))
     sweep_rows = []
     if args.sweep:
+        sweep_bandwidth(sweep_rows)
         sweep(sweep_rows)
     copy = copy_ceiling()
     rows = (gemm_rows() if "gemm" in only else []) + (fp8_rows() if "fp8" in only else []) + \

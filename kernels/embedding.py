@@ -47,7 +47,10 @@ def _tile(H: int, block_cols: int | None):
             raise ValueError(f"block_cols: expected a power of two >= 1, got {block_cols}")
         block_h = min(block_cols, full)
     else:
-        block_h = min(full, _MAX_BLOCK_H)
+        # A tile width that divides H when H has a power-of-two factor >= 128 (1536 = 3 x 512):
+        # 1024-wide tiles would leave a third of the second tile masked.
+        low_bit = H & -H if H else 1
+        block_h = min(low_bit if low_bit >= 128 else full, _MAX_BLOCK_H)
     block_t = max(1, min(64, _TILE // block_h))
     return block_t, block_h, 4 if block_t * block_h <= 2048 else 8
 

@@ -106,20 +106,24 @@ def _check_block(name, value):
 
 
 def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m):
-    """Tiles, warps and stages. Large problems get Hopper-sized tiles (128 x 128 x 64, 8 warps;
-    a second weight for SwiGLU halves BLOCK_N so the two fp32 accumulators fit in registers);
+    """Tiles, warps and stages. Large problems get Hopper-sized tiles (below);
     small ones are clipped to the problem (at least 16, tl.dot's minimum) so no program computes
     mostly padding. Explicit arguments win, and are only checked."""
     for name, v in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
         _check_block(name, v)
     if group_m is not None and (isinstance(group_m, bool) or not isinstance(group_m, int) or group_m < 1):
         raise ValueError(f"group_m: expected an int >= 1, got {group_m!r}")
-    bm, bn, bk = 128, 128 // n_weights, 64 if elem_size <= 2 else 32
+    # H200 sweep (bench/bench_gemm.py --sweep, bf16): matmul 256 x 128 x 64 with 8 warps and 3
+    # stages beat 128 x 128 x 64 by 10% at 8192^3 and M 32768 K 4096 N 14336; SwiGLU's two
+    # weights keep 128 x 128 each (half-width tiles lost 15%).
+    bm = 256 if M >= 4096 and N >= 256 and n_weights == 1 and elem_size <= 2 else 128
+    bn = 128 if elem_size <= 2 else 128 // n_weights     # fp32: two 128 x 128 accumulators would spill
+    bk = 64 if elem_size <= 2 else 32
     bm = block_m or min(bm, max(16, triton.next_power_of_2(M)))
     bn = block_n or min(bn, max(16, triton.next_power_of_2(N)))
     bk = block_k or min(bk, max(16, triton.next_power_of_2(max(K, 1))))
     warps = 8 if bm * bn >= 128 * 64 else 4
-    stages = 4 if elem_size <= 2 else 3
+    stages = 4 if elem_size <= 2 and bm * bn <= 128 * 128 else 3
 
     def shared(bk, stages):     # the pipelined a and weight tiles
         return stages * (bm + n_weights * bn) * bk * elem_size
