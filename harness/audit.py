@@ -62,7 +62,8 @@ def decode(text: str) -> dict:
 def summarize(records: list) -> list:
     """One row per (op, dtype), sorted."""
     groups = defaultdict(list)
-    for r in records:
+    # In a fixed order (not the xdist workers'), so that ties of usage name the same worst case.
+    for r in sorted(records, key=lambda r: (r.get("test", ""), r["case"], r.get("output", ""))):
         if not r.get("gap"):                 # records of a declared gap (strict xfail) are not judged
             groups[(r["op"], r["dtype"])].append(r)
     rows = []

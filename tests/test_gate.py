@@ -283,3 +283,28 @@ def test_update_then_gate_a_planted_regression_then_refuse_another_backend(tmp_p
     bl.write(path, doc["meta"], {tuple(r[k] for k in bl.KEY): r for r in doc["groups"]})
     rc, out = _pytest(*SELECTION, f"--baseline={path}")
     assert rc == 4 and "written on backend 'gpu:NVIDIA H200'" in out and "refuses to run" in out, out
+
+
+def test_ci_runs_the_readme_commands_and_the_committed_baseline_is_current():
+    """.ci/run runs the README's two commands; the baseline they gate with is the interpreter's,
+    for the ci profile, measured under the budgets in tolerances.toml (else: regenerate it)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3 -m")]
+    assert ci[-2:] == block and "--baseline results/baselines/interpreter.json" in block[-1]
+    base = bl.load(ROOT / "results" / "baselines" / "interpreter.json")
+    assert (base.meta["backend"], base.meta["profile"]) == ("interpreter", "ci") and len(base.rows) > 100
+    budgets = budget_file.load(ROOT / "tolerances.toml")
+    stale = []
+    for row in base.rows.values():
+        b = budgets.get(row["op"], row["dtype"], "interpreter")
+        if (b.atol, b.rtol, b.ref_ratio, b.ref_floor if b.ref_ratio is not None else 0.0) != (
+                row["atol"], row["rtol"], row["ref_ratio"], row["ref_floor"]):
+            stale.append(f"{row['op']}.{row['dtype']}")
+    assert not stale, f"budgets changed since the baseline (regenerate it, README 'Baselines'): {sorted(set(stale))}"
+
+
+def test_worst_case_of_tied_errors_does_not_depend_on_the_order_records_arrive():
+    records = [rec(usage=0.3, case="b"), rec(usage=0.3, case="a"), rec(usage=0.1, case="c")]
+    one, other = bl.group_rows(records), bl.group_rows(records[::-1])
+    assert one == other and one[("rmsnorm", "float32", PINNED, "auto", "normal", "y")]["worst_case"] == "a"
