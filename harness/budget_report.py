@@ -178,8 +178,9 @@ def render_markdown(doc: dict, margin: float, source: str) -> str:
                 f"allows (1 = at the budget); *headroom* = 1 / worst. *rtol/u*: rtol in units of the dtype's "
                 f"unit roundoff u (fp32 2^-24, fp16 2^-11, bf16 2^-8). *derived*: the budget scaled to the worst "
                 f"check and given a margin of {margin:g}x, rtol rounded up to whole u, atol and ratio to 2 "
-                f"significant digits: what the measurements alone support. A suggestion to read against the "
-                f"reasons in `tolerances.toml`, which this report never changes. Written by "
+                f"significant digits: what the measurements alone support. The budgets are those the audit's "
+                f"checks were judged under. A suggestion to read against the reasons in `tolerances.toml`, "
+                f"which this report never changes. Written by "
                 f"`kernelcheck-budgets {source} --markdown`."]
     return "\n".join(out) + "\n"
 
