@@ -62,7 +62,8 @@ def decode(text: str) -> dict:
 def summarize(records: list) -> list:
     """One row per (op, dtype), sorted."""
     groups = defaultdict(list)
-    for r in records:
+    # In a fixed order (not the xdist workers'), so that ties of usage name the same worst case.
+    for r in sorted(records, key=lambda r: (r.get("test", ""), r["case"], r.get("output", ""))):
         if not r.get("gap"):                 # records of a declared gap (strict xfail) are not judged
             groups[(r["op"], r["dtype"])].append(r)
     rows = []
@@ -103,6 +104,43 @@ def format_table(rows: list) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in body]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _g(v) -> str:
+    v = num(v)
+    return "inf" if math.isinf(v) else f"{v:.4g}"
+
+
+def junit_properties(item: list | None, records: list, gap: str | None = None) -> list:
+    """A test case's JUnit XML properties: op and dtype, then for each output it checked, the
+    worst check (by error/allowed): shape, max abs and max rel error, budget, headroom, case."""
+    props = []
+    if item is not None:
+        op, dtype = item[0], item[1]
+        props += [("op", op)] + ([("dtype", dtype)] if dtype else [])
+    elif records:
+        props += [("op", records[0]["op"]), ("dtype", records[0]["dtype"])]
+    if gap:
+        props.append(("gap", gap))
+    if records:
+        props.append(("checks", str(len(records))))
+    by_output = defaultdict(list)
+    for r in records:
+        by_output[r["output"]].append(r)
+    for output, recs in sorted(by_output.items()):
+        w = max(recs, key=lambda r: num(r["usage"]))
+        usage = num(w["usage"])
+        budget = f"atol {num(w['atol']):g}, rtol {num(w['rtol']):g}"
+        if w.get("ref_ratio") is not None:
+            budget += f", ref_ratio {num(w['ref_ratio']):g} (+{num(w['ref_floor']):g})"
+        props += [(f"{output}.shape", "x".join(str(d) for d in w["shape"]) or "scalar"),
+                  (f"{output}.max_abs_err", _g(max(num(r["max_abs_err"]) for r in recs))),
+                  (f"{output}.max_rel_err", _g(max(num(r["max_rel_err"]) for r in recs))),
+                  (f"{output}.budget", f"{budget} [{w.get('budget_table')}]"),
+                  (f"{output}.headroom", "inf" if usage == 0 else _g(1.0 / usage)),
+                  (f"{output}.passed", str(all(r["passed"] for r in recs)).lower()),
+                  (f"{output}.case", w["case"])]
+    return props
 
 
 def write_json(path, records: list, meta: dict) -> None:

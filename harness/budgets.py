@@ -13,6 +13,15 @@ Layout of the file:
     rtol = 1.2e-2
     reason = "why this backend differs"
 
+The regression gate (`--baseline`, harness/baseline.py) reads two top-level settings, which
+must stand before the first table, and one per-op override:
+
+    baseline_growth = 2.0          # a case group's worst error/allowed may grow this much (>= 1)
+    baseline_floor = 0.01          # error/allowed below this counts as this (0 <= floor < 1)
+
+    [softmax]
+    baseline_growth = 3.0          # this op's own growth limit
+
 Any unknown op, dtype or key, a missing budget, or a value that is not a finite number >= 0
 is an error that names the file, the table and the key.
 """
@@ -27,6 +36,10 @@ from harness import registry
 
 NUMBER_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor")
 BACKEND_TABLES = ("interpreter", "gpu")
+GATE_KEYS = ("baseline_growth", "baseline_floor")   # top-level settings of the regression gate
+OP_KEYS = ("baseline_growth",)                       # keys an [op] table may hold beside its dtypes
+DEFAULT_GROWTH = 2.0
+DEFAULT_FLOOR = 0.01
 
 
 class BudgetError(ValueError):
@@ -86,12 +99,20 @@ def _budget(path, table, fields: dict) -> Budget:
 
 
 class Budgets:
-    """Validated budgets: `budgets.get(op, dtype, backend_name)`."""
+    """Validated budgets: `budgets.get(op, dtype, backend_name)`, and the gate's settings."""
 
-    def __init__(self, path: Path, base: dict, overrides: dict):
+    def __init__(self, path: Path, base: dict, overrides: dict, growth: float = DEFAULT_GROWTH,
+                 floor: float = DEFAULT_FLOOR, op_growth: dict | None = None):
         self.path = path
         self._base = base            # (op, dtype) -> Budget
         self._overrides = overrides  # (op, dtype, backend) -> Budget
+        self.floor = floor           # baseline_floor
+        self._growth = growth        # baseline_growth
+        self._op_growth = op_growth or {}
+
+    def growth(self, op: str) -> float:
+        """How far a case group's worst error/allowed may grow over its baseline (per op)."""
+        return self._op_growth.get(op, self._growth)
 
     def get(self, op: str, dtype: str, backend: str) -> Budget:
         try:
@@ -116,13 +137,19 @@ def load(path: str | Path, op_dtypes: dict | None = None) -> Budgets:
     except tomllib.TOMLDecodeError as e:
         raise BudgetError(f"{path}: not valid TOML: {e}") from None
 
-    base, overrides = {}, {}
+    base, overrides, gate, op_growth = {}, {}, {}, {}
     for op, op_table in data.items():
+        if op in GATE_KEYS:
+            gate[op] = _gate_number(path, "top level", op, op_table)
+            continue
         if op not in op_dtypes:
             raise BudgetError(f"{path}: [{op}]: unknown op; registered ops: {', '.join(op_dtypes)}")
         if not isinstance(op_table, dict):
             raise BudgetError(f"{path}: [{op}]: expected a table of dtypes, got {op_table!r}")
         for dtype, body in op_table.items():
+            if dtype in OP_KEYS:
+                op_growth[op] = _gate_number(path, f"[{op}]", dtype, body)
+                continue
             table = f"{op}.{dtype}"
             if dtype not in op_dtypes[op]:
                 raise BudgetError(f"{path}: [{table}]: {op} is not checked in dtype '{dtype}'; "
@@ -146,4 +173,17 @@ def load(path: str | Path, op_dtypes: dict | None = None) -> Budgets:
         for dtype in dts:
             if (op, dtype) not in base:
                 raise BudgetError(f"{path}: [{op}.{dtype}]: missing; every registered op and dtype needs a budget")
-    return Budgets(path, base, overrides)
+    return Budgets(path, base, overrides, growth=gate.get("baseline_growth", DEFAULT_GROWTH),
+                   floor=gate.get("baseline_floor", DEFAULT_FLOOR), op_growth=op_growth)
+
+
+def _gate_number(path, where, key, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BudgetError(f"{path}: {where} key '{key}': expected a finite number, got {value!r}")
+    value = float(value)
+    if key == "baseline_growth" and value < 1:
+        raise BudgetError(f"{path}: {where} key '{key}': expected a factor >= 1, got {value!r}")
+    if key == "baseline_floor" and not 0 <= value < 1:
+        raise BudgetError(f"{path}: {where} key '{key}': expected 0 <= floor < 1 (a fraction of the budget), "
+                          f"got {value!r}")
+    return value

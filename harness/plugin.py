@@ -5,6 +5,7 @@ TRITON_INTERPRET set) in pytest_configure, before any test module imports `kerne
 """
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from harness import audit, backend as backends, budgets as budget_file, gaps, registry, strategies
+from harness import audit, backend as backends, baseline as baselines, budgets as budget_file, gaps, registry, strategies
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,6 +43,13 @@ class State:
     records: list = field(default_factory=list)
     gap_hits: Counter = field(default_factory=Counter)
     unaudited: list = field(default_factory=list)   # audited tests that passed with no record
+    filters: list = field(default_factory=list)     # what narrowed this run's selection (--op, -k, ...)
+    baseline: baselines.Baseline | None = None      # --baseline, when it can be compared
+    ran: set = field(default_factory=set)           # (test, op, dtype, config, values|None) of every test that ran
+    gate: list = field(default_factory=list)        # the gate's lines for the terminal summary
+
+
+ITEM_PROPERTY = "kernelcheck-item"   # user_properties name: an op test's [op, dtype, config, values]
 
 
 _STATE = pytest.StashKey[State]()
@@ -62,10 +70,33 @@ def pytest_addoption(parser):
     group.addoption("--audit-json", default=None, metavar="PATH", help="write every audit record to PATH")
     group.addoption("--tolerances", default=str(ROOT / "tolerances.toml"), metavar="PATH",
                     help="the budgets file (default: tolerances.toml at the repository root)")
+    group.addoption("--baseline", default=None, metavar="PATH",
+                    help="compare every case group's worst error with this baseline (of this backend and "
+                         f"profile); a regression exits {baselines.EXIT_REGRESSION}")
+    group.addoption("--update-baseline", action="store_true",
+                    help="rewrite --baseline PATH from this run (only if it passes; a filtered run replaces "
+                         "only the groups it selected)")
 
 
 def _split(values) -> list:
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def selection_filters(config) -> list:
+    """What narrows this run to part of the suite: a baseline group outside a filtered run's
+    selection is not reported as vanished."""
+    opt = config.getoption
+    found = [name for name, dest in (("--op", "op"), ("--dtype", "dtype")) if _split(opt(dest))]
+    found += [name for name, dest in (("-k", "keyword"), ("-m", "markexpr"), ("--deselect", "deselect"),
+                                      ("--ignore", "ignore"), ("--ignore-glob", "ignore_glob"), ("--lf", "lf"),
+                                      ("--sw", "stepwise"), ("--collect-only", "collectonly"))
+              if opt(dest, None)]
+    if config.args_source == pytest.Config.ArgsSource.ARGS:
+        base = Path(config.invocation_params.dir)
+        whole = {ROOT, ROOT / "tests"}
+        if any("::" in a or (base / a).resolve() not in whole for a in config.args):
+            found.append("test paths")
+    return found
 
 
 def pytest_configure(config):
@@ -101,8 +132,36 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
         torch.set_num_threads(1)      # n workers x n threads would oversubscribe the cores
-    config.stash[_STATE] = State(chosen, budgets, profile, n_kernels)
+    st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config))
+    if not hasattr(config, "workerinput"):
+        st.baseline = _load_baseline(config, st)
+    config.stash[_STATE] = st
     config.pluginmanager.register(Recorder(config, config.stash[_STATE]), "kernelcheck-recorder")
+
+
+def _load_baseline(config, st: State):
+    """Check --baseline at the start, so a run that cannot be compared stops before it runs."""
+    path, update = config.getoption("baseline"), config.getoption("update_baseline")
+    if update and not path:
+        raise pytest.UsageError("--update-baseline needs --baseline PATH (the file to write)")
+    if not path:
+        return None
+    try:
+        base = baselines.load(path)
+    except FileNotFoundError:
+        if update:
+            return None
+        raise pytest.UsageError(f"--baseline {path}: file not found (write one with --update-baseline)") from None
+    except baselines.BaselineError as e:
+        if update and not st.filters:
+            return None            # an unfiltered update rewrites it whole
+        raise pytest.UsageError(str(e)) from None
+    why = baselines.refusal(base.meta, st.backend.key, st.profile, path)
+    if why is None:
+        return base
+    if update and not st.filters:
+        return None                # an unfiltered update may replace another backend's baseline
+    raise pytest.UsageError(why)
 
 
 def pytest_report_header(config):
@@ -138,6 +197,8 @@ def pytest_collection_modifyitems(config, items):
         if "check" in getattr(item, "fixturenames", ()):
             item.add_marker("audited")
         if op is not None:
+            # travels with every report, to the xdist controller too: what --baseline counts as selected
+            item.user_properties.append((ITEM_PROPERTY, json.dumps([op, dtype, kconfig, values])))
             gap = gaps.find(s.backend.name, op, dtype, kconfig, s.backend.versions, values)
             if gap is not None:
                 item.add_marker(pytest.mark.xfail(strict=True, reason=gap.marker_reason()))
@@ -212,21 +273,36 @@ class Recorder:
     def __init__(self, config, st: State):
         self.config = config
         self.s = st
+        # Rewritten on the controller only: a worker's reports must reach it with the records.
+        self.junit = bool(config.getoption("xmlpath", None)) and not hasattr(config, "workerinput")
+        self.gap_of = {}                 # nodeid -> declared gap hit, for the JUnit properties
 
+    @pytest.hookimpl(tryfirst=True)      # before junitxml reads the report's properties
     def pytest_runtest_logreport(self, report):
         s = self.s
-        wasxfail = getattr(report, "wasxfail", "")
-        if report.when != "call":
-            return
-        gap = wasxfail.split("]")[0].removeprefix("[gap:") if "[gap:" in wasxfail else None
-        if gap:
-            s.gap_hits[gap] += 1
-        recs = [audit.decode(value) for name, value in report.user_properties if name == audit.PROPERTY]
-        for rec in recs:
-            rec["gap"] = gap          # a declared gap's records are kept, but not judged
-        s.records.extend(recs)
-        if report.passed and "audited" in report.keywords and not recs and not wasxfail:
-            s.unaudited.append(report.nodeid)
+        meta = next((json.loads(v) for name, v in report.user_properties if name == ITEM_PROPERTY), None)
+        if meta is not None:
+            s.ran.add((baselines.test_function(report.nodeid), *meta))
+        if report.when == "call":
+            wasxfail = getattr(report, "wasxfail", "")
+            gap = wasxfail.split("]")[0].removeprefix("[gap:") if "[gap:" in wasxfail else None
+            if gap:
+                s.gap_hits[gap] += 1
+                self.gap_of[report.nodeid] = gap
+            recs = [audit.decode(value) for name, value in report.user_properties if name == audit.PROPERTY]
+            for rec in recs:
+                rec["gap"] = gap          # a declared gap's records are kept, but not judged
+            s.records.extend(recs)
+            if report.passed and "audited" in report.keywords and not recs and not wasxfail:
+                s.unaudited.append(report.nodeid)
+        if self.junit:
+            # JUnit XML: readable per-case properties instead of the records' JSON transport.
+            recs = [audit.decode(v) for name, v in report.user_properties if name == audit.PROPERTY]
+            other = [(n, v) for n, v in report.user_properties if n not in (audit.PROPERTY, ITEM_PROPERTY)]
+            gap = self.gap_of.get(report.nodeid)
+            if report.when == "teardown":
+                self.gap_of.pop(report.nodeid, None)
+            report.user_properties = audit.junit_properties(meta, recs, gap) + other
 
     def pytest_sessionfinish(self, session, exitstatus):
         s = self.s
@@ -234,12 +310,47 @@ class Recorder:
             return                       # xdist worker: the controller reports
         if s.unaudited and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.config.getoption("baseline") and not self.config.getoption("collectonly"):
+            self._gate(session)
         path = self.config.getoption("audit_json")
         if path:
             meta = {"backend": s.backend.key, "device": s.backend.description, "versions": s.backend.versions,
                     "profile": s.profile, "args": list(self.config.invocation_params.args),
-                    "exitstatus": int(session.exitstatus)}
+                    "exitstatus": int(session.exitstatus), "gap_hits": dict(sorted(s.gap_hits.items()))}
             audit.write_json(path, s.records, meta)
+
+    def _gate(self, session):
+        """--baseline: compare, and with --update-baseline write; the lines go to the summary."""
+        s, config = self.s, self.config
+        path, update = config.getoption("baseline"), config.getoption("update_baseline")
+        stopped = bool(session.shouldstop or session.shouldfail)
+        complete = not s.filters and not stopped
+        run_rows = baselines.group_rows(s.records)
+        update_command = f"python3 -m pytest -n auto --baseline {path} --update-baseline"
+        if s.baseline is not None:
+            rep = baselines.compare(s.baseline, run_rows, growth=s.budgets.growth, floor=s.budgets.floor,
+                                    selected=lambda row: baselines.covered(row, s.ran), complete=complete,
+                                    run_versions=s.backend.versions, run_gaps=baselines.gap_groups(s.records))
+            if not complete:
+                why = ", ".join(s.filters + (["stopped early"] if stopped else []))
+                rep.notes.append(f"this run is filtered ({why}): only the groups it selected are compared")
+            s.gate = baselines.format_report(rep, path, update_command)
+            if rep.failing and session.exitstatus == 0 and not update:
+                session.exitstatus = baselines.EXIT_REGRESSION
+                s.gate.append(f"exit {baselines.EXIT_REGRESSION}: every test passed, but the baseline gate failed")
+        if update:
+            if session.exitstatus != 0:
+                s.gate.append(f"baseline NOT written to {path}: the run did not pass (exit {int(session.exitstatus)})")
+            elif not run_rows:
+                s.gate.append(f"baseline NOT written to {path}: the run recorded no checks")
+            else:
+                rows = run_rows if complete or s.baseline is None else baselines.merge(
+                    s.baseline.rows, run_rows, lambda row: baselines.covered(row, s.ran))
+                meta = baselines.make_meta(s.backend.key, s.backend.description, s.profile, s.backend.versions)
+                baselines.write(path, meta, rows)
+                kept = len(rows) - len(run_rows)
+                s.gate.append(f"baseline written to {path}: {len(rows)} case groups"
+                              + (f" ({kept} kept from the old file: this run did not select them)" if kept else ""))
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
         s, tr = self.s, terminalreporter
@@ -264,6 +375,12 @@ class Recorder:
         if s.unaudited:
             tr.write_line(f"ERROR: {len(s.unaudited)} audited test(s) passed without any audit record reaching "
                           f"the controller (first: {s.unaudited[0]}); failing the run", red=True)
+        if s.gate:
+            tr.section(f"kernelcheck baseline gate: {config.getoption('baseline')}")
+            failed = any(line.startswith("baseline gate FAILED") for line in s.gate)
+            for line in s.gate:
+                tr.write_line(line, red=failed and line.startswith(("baseline gate FAILED", "GREW", "NOW FAILS",
+                                                                    "VANISHED", "BUDGET", "exit ")))
         path = config.getoption("audit_json")
         if path:
             tr.write_line(f"audit: {len(s.records)} records written to {path}")

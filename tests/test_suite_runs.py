@@ -20,10 +20,13 @@ def _pytest(*args, cwd=ROOT, env=None, timeout=600):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def test_records_from_every_xdist_worker_reach_the_audit(tmp_path):
-    path = tmp_path / "audit.json"
+def test_records_from_every_xdist_worker_reach_the_audit_the_baseline_and_junit(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from harness import baseline as bl
+    path, base, xml = tmp_path / "audit.json", tmp_path / "baseline.json", tmp_path / "junit.xml"
     rc, out = _pytest("-n", "2", "--op", "rmsnorm", "--dtype", "float32", "-k", "pinned", "tests/test_ops.py",
-                      f"--audit-json={path}")
+                      f"--audit-json={path}", f"--baseline={base}", "--update-baseline", f"--junitxml={xml}")
     assert rc == 0, out
     doc = json.loads(path.read_text())
     passed = int(out.split(" passed")[0].split()[-1])
@@ -31,6 +34,19 @@ def test_records_from_every_xdist_worker_reach_the_audit(tmp_path):
     assert {r["worker"] for r in doc["records"]} == {"gw0", "gw1"}
     assert {(r["op"], r["dtype"]) for r in doc["records"]} == {("rmsnorm", "float32")}
     assert "kernelcheck audit" in out and "rmsnorm" in out
+    # --update-baseline on the controller: one row per case group of every worker's records
+    rows = bl.load(base).rows
+    assert rows == bl.group_rows(doc["records"]) and len(rows) >= 8
+    assert {k[3] for k in rows} == {"auto", "chunked"} and "nonfinite" in {k[4] for k in rows}
+    # --junitxml: each case's worst errors as properties, none of the records' JSON transport
+    cases = list(ET.parse(xml).iter("testcase"))
+    assert len(cases) == passed
+    props = {tc.get("name"): {p.get("name"): p.get("value") for p in tc.iter("property")} for tc in cases}
+    p = props["test_pinned[rmsnorm-float32-3x65-contiguous-normal-s65]"]
+    assert p["op"] == "rmsnorm" and p["dtype"] == "float32" and p["y.shape"] == "3x65" and p["y.passed"] == "true"
+    assert p["y.budget"] == "atol 1e-35, rtol 1e-06 [rmsnorm.float32]" and float(p["y.headroom"]) > 1.5
+    assert float(p["y.max_abs_err"]) > 0 and p["y.case"] == "rmsnorm-float32-3x65-contiguous-normal-s65"
+    assert not any(name.startswith("kernelcheck") for d in props.values() for name in d)
 
 
 def test_ci_profile_runs_are_reproducible(tmp_path):

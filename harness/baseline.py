@@ -1,0 +1,384 @@
+"""Error baselines and the regression gate (`--baseline PATH`, `--update-baseline`).
+
+A baseline holds, for one backend ("interpreter" or "gpu:<device name>") and one Hypothesis
+profile, the worst error of every *case group*:
+
+    (op, dtype, test, config, values, output)
+
+- `test`: the test function without its parameters, e.g. `tests/test_ops.py::test_pinned`
+  (the pinned catalogue) or `tests/test_ops.py::test_random` (Hypothesis draws);
+- `config`: the kernel config (`auto`, `chunked`, `small`, ...);
+- `values`: the input value regime (`normal`, `tiny`, `outlier`, `nonfinite`, ...);
+- `output`: the output compared (`y`, `u`, `lse`, `p`, ...).
+
+All six come from the case itself, never from a seed, a shape or an xdist worker, so the same
+cases always fall into the same groups. The error kept is `usage`, the worst error/allowed of
+the group's checks (1 = at the budget; headroom = 1 / usage), with the budget it was measured
+under, the worst case's id and its max abs error.
+
+The gate compares a run's groups with the baseline's. It fails (exit EXIT_REGRESSION, when
+pytest itself would exit 0) when, for a group:
+
+- grew:     its usage grew by more than `baseline_growth` (tolerances.toml, per op), both sides
+            first raised to `baseline_floor` (so 1e-30 -> 3e-30 is not a regression);
+- fails:    it passed in the baseline and has a failing check now;
+- vanished: it is in the baseline but the run checked no case of it, although the run selected
+            it (a test of its op, dtype, config and value regime ran), or the run was complete
+            (nothing filtered by --op, --dtype, -k, -m, paths..., nothing stopped early);
+- budget:   its budget changed since the baseline: usages under different budgets do not
+            compare, so the baseline is stale and must be rewritten.
+
+Groups the run did not select are not compared (and counted). New groups, groups that improved
+by more than the growth factor, and version differences are reported, not failed. When the
+Hypothesis version differs from the baseline's, derandomized draws may differ: the random
+groups are then judged for failures only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import audit
+
+FORMAT = 1
+EXIT_REGRESSION = 6            # pytest uses 0-5; see README "Baselines"
+KEY = ("op", "dtype", "test", "config", "values", "output")
+BUDGET_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor")
+FAILING = ("grew", "fails", "vanished", "budget")
+
+
+class BaselineError(ValueError):
+    pass
+
+
+def test_function(nodeid: str) -> str:
+    """`tests/test_ops.py::test_pinned[rmsnorm-...]` -> `tests/test_ops.py::test_pinned`."""
+    return nodeid.split("[", 1)[0]
+
+
+def group_key(record: dict) -> tuple:
+    return (record["op"], record["dtype"], test_function(record["test"]), record["config"], record["values"],
+            record["output"])
+
+
+def _sortable(key: tuple) -> tuple:
+    return tuple("" if k is None else str(k) for k in key)
+
+
+def _sig(v) -> float | str:
+    """A measured number, rounded to 4 significant digits (a regenerated baseline then differs
+    only where an error moved, not in its last bits); non-finite as in audit records."""
+    v = audit.num(v)
+    if not math.isfinite(v):
+        return audit._num(v)
+    return float(f"{v:.4g}")
+
+
+def group_rows(records: list) -> dict:
+    """One row per case group of the judged records (those of a declared gap are left out)."""
+    groups: dict = {}
+    # In a fixed order, whatever order the xdist workers reported in: among checks of equal
+    # usage, the worst case is then always the first by test id.
+    for r in sorted(records, key=lambda r: (r["test"], r["case"], r["output"])):
+        if not r.get("gap"):
+            groups.setdefault(group_key(r), []).append(r)
+    rows = {}
+    for key, recs in groups.items():
+        worst = max(recs, key=lambda r: audit.num(r["usage"]))
+        row = dict(zip(KEY, key))
+        row.update({
+            "cases": len({r["case"] for r in recs}), "checks": len(recs),
+            "failures": sum(not r["passed"] for r in recs),
+            "usage": _sig(worst["usage"]), "max_abs_err": _sig(max(audit.num(r["max_abs_err"]) for r in recs)),
+            "worst_case": worst["case"], "budget_table": worst.get("budget_table"),
+        })
+        row.update({k: worst.get(k) for k in BUDGET_KEYS})
+        rows[key] = row
+    return rows
+
+
+def gap_groups(records: list) -> dict:
+    """Case groups that only a declared gap's records reached: key -> gap id."""
+    return {group_key(r): r["gap"] for r in records if r.get("gap")}
+
+
+@dataclass
+class Baseline:
+    meta: dict
+    rows: dict                  # group key -> row
+
+
+def make_meta(backend_key: str, device: str, profile: str, versions: dict) -> dict:
+    return {"backend": backend_key, "device": device, "profile": profile, "versions": dict(versions)}
+
+
+def dumps(meta: dict, rows: dict) -> str:
+    """Deterministic text: sorted keys, groups sorted, one group a line."""
+    lines = [json.dumps(rows[k], sort_keys=True, allow_nan=False) for k in sorted(rows, key=_sortable)]
+    return ('{"format": %d,\n "groups": [\n  %s\n ],\n "meta": %s}\n'
+            % (FORMAT, ",\n  ".join(lines), json.dumps(meta, sort_keys=True, allow_nan=False)))
+
+
+def write(path, meta: dict, rows: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(meta, rows))
+
+
+def load(path) -> Baseline:
+    """Raises FileNotFoundError, or BaselineError naming the file."""
+    path = Path(path)
+    text = path.read_text()
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BaselineError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise BaselineError(f"{path}: not a kernelcheck baseline of format {FORMAT}")
+    meta, groups = doc.get("meta"), doc.get("groups")
+    if not isinstance(meta, dict) or not isinstance(groups, list) or not {"backend", "profile"} <= set(meta):
+        raise BaselineError(f"{path}: expected 'meta' (with backend and profile) and a list of 'groups'")
+    rows = {}
+    for i, row in enumerate(groups):
+        missing = [k for k in (*KEY, "usage", "failures", *BUDGET_KEYS) if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise BaselineError(f"{path}: group {i}: missing {', '.join(missing)}")
+        rows[tuple(row[k] for k in KEY)] = row
+    return Baseline(meta, rows)
+
+
+def refusal(meta: dict, backend_key: str, profile: str, path) -> str | None:
+    """Why a run on this backend and profile cannot be compared with this baseline, or None."""
+    if meta.get("backend") == backend_key and meta.get("profile") == profile:
+        return None
+    return (f"--baseline {path}: the baseline was written on backend '{meta.get('backend')}' with Hypothesis "
+            f"profile '{meta.get('profile')}'; this run is on '{backend_key}' with profile '{profile}': its errors do "
+            f"not compare, so the gate refuses to run. Give a baseline of this backend and profile, leave "
+            f"--baseline out, or write one with a passing, unfiltered run: --baseline NEW_PATH --update-baseline")
+
+
+def covered(row: dict, ran: set) -> bool:
+    """Whether the run selected this baseline group: a test item of its test function, op,
+    dtype and config ran, either a pinned case of its value regime or a random test (whose
+    draws cover every regime). `ran` holds (test, op, dtype, config, values or None)."""
+    t, op, dtype, config = row["test"], row["op"], row["dtype"], row["config"]
+    return (t, op, dtype, config, row["values"]) in ran or (t, op, dtype, config, None) in ran
+
+
+def merge(old_rows: dict, new_rows: dict, selected) -> dict:
+    """--update-baseline after a filtered run: the groups the run selected are replaced by what
+    it measured (dropped if it measured nothing there); the others are kept as they were."""
+    out = {k: r for k, r in old_rows.items() if not selected(r)}
+    out.update(new_rows)
+    return out
+
+
+@dataclass
+class Finding:
+    kind: str                   # grew | fails | vanished | budget (failing); new | improved (notes)
+    op: str
+    dtype: str
+    group: str                  # "pinned auto/normal y", or "*" for a whole op and dtype
+    before: float | None = None
+    after: float | None = None
+    limit: float | None = None
+    case: str = ""
+    detail: str = ""
+
+    @property
+    def failing(self) -> bool:
+        return self.kind in FAILING
+
+
+@dataclass
+class Report:
+    findings: list = field(default_factory=list)
+    compared: int = 0
+    not_selected: int = 0
+    random_unjudged: int = 0    # random groups judged for failures only (Hypothesis differs)
+    notes: list = field(default_factory=list)
+
+    @property
+    def failing(self) -> list:
+        return [f for f in self.findings if f.failing]
+
+
+def describe_group(key_or_row) -> str:
+    if isinstance(key_or_row, dict):
+        key_or_row = tuple(key_or_row[k] for k in KEY)
+    _, _, test, config, values, output = key_or_row
+    kind = test.rsplit("::", 1)[-1].removeprefix("test_")
+    return f"{kind} {config}/{values} {output}"
+
+
+def _budget(row: dict) -> tuple:
+    return tuple(audit.num(row.get(k)) if row.get(k) is not None else None for k in BUDGET_KEYS)
+
+
+def _budget_text(row: dict) -> str:
+    s = f"atol {audit.num(row['atol']):g}, rtol {audit.num(row['rtol']):g}"
+    if row.get("ref_ratio") is not None:
+        s += f", ref_ratio {audit.num(row['ref_ratio']):g} (+{audit.num(row['ref_floor']):g})"
+    return s
+
+
+def version_notes(base_versions: dict, run_versions: dict) -> list:
+    names = sorted(set(base_versions) | set(run_versions))
+    diff = [f"{n} {base_versions.get(n, '-')} -> {run_versions.get(n, '-')}" for n in names
+            if base_versions.get(n) != run_versions.get(n)]
+    return [f"versions differ from the baseline's: {', '.join(diff)}"] if diff else []
+
+
+def compare(base: Baseline, run_rows: dict, *, growth, floor: float, selected, complete: bool,
+            run_versions: dict, run_gaps: dict | None = None) -> Report:
+    """The gate's verdict on a run's case groups.
+
+    growth(op) -> the factor; floor: usages below it count as it; selected(row) -> whether
+    the run selected a baseline group (see `covered`); complete: the run selected everything,
+    so a group it did not reach has vanished; run_gaps: groups reached by declared gaps only.
+    """
+    rep = Report(notes=version_notes(base.meta.get("versions", {}), run_versions))
+    run_gaps = run_gaps or {}
+    same_draws = base.meta.get("versions", {}).get("hypothesis") == run_versions.get("hypothesis")
+    if not same_draws:
+        rep.notes.append("Hypothesis differs from the baseline's: random groups may draw other cases, so they "
+                         "are judged for failures only")
+    gone: dict = {}             # (op, dtype) -> keys vanished because no test of theirs ran
+    for key in sorted(base.rows, key=_sortable):
+        b = base.rows[key]
+        op, dtype = b["op"], b["dtype"]
+        is_random = b["test"].endswith("::test_random")
+        r = run_rows.get(key)
+        if r is None:
+            if key in run_gaps:
+                rep.findings.append(Finding("vanished", op, dtype, describe_group(key), before=audit.num(b["usage"]),
+                                            detail=f"now a declared gap ({run_gaps[key]}): its checks are not judged"))
+            elif selected(b):
+                if is_random and not same_draws:
+                    rep.random_unjudged += 1
+                else:
+                    rep.findings.append(Finding("vanished", op, dtype, describe_group(key),
+                                                before=audit.num(b["usage"]), case=b["worst_case"],
+                                                detail="its tests ran but checked no case of this group"))
+            elif complete:
+                gone.setdefault((op, dtype), []).append(key)
+            else:
+                rep.not_selected += 1
+            continue
+        rep.compared += 1
+        before, after = audit.num(b["usage"]), audit.num(r["usage"])
+        if _budget(b) != _budget(r):
+            rep.findings.append(Finding("budget", op, dtype, describe_group(key), before, after, case=r["worst_case"],
+                                        detail=f"budget was {_budget_text(b)}, is {_budget_text(r)} "
+                                               f"[{r.get('budget_table')}]: the baseline is stale"))
+        elif r["failures"] and not b["failures"]:
+            rep.findings.append(Finding("fails", op, dtype, describe_group(key), before, after, case=r["worst_case"],
+                                        detail=f"{r['failures']} failing check(s)"))
+        elif r["failures"] or (is_random and not same_draws):
+            continue
+        else:
+            limit = growth(op)
+            lo, hi = max(before, floor), max(after, floor)
+            if hi > limit * lo:
+                rep.findings.append(Finding("grew", op, dtype, describe_group(key), before, after, limit,
+                                            case=r["worst_case"], detail=f"x{hi / lo:.3g}, limit x{limit:g}"))
+            elif lo > limit * hi:
+                rep.findings.append(Finding("improved", op, dtype, describe_group(key), before, after, limit,
+                                            case=r["worst_case"], detail=f"x{hi / lo:.3g}"))
+    for (op, dtype), keys in sorted(gone.items()):
+        whole = [k for k in base.rows if k[:2] == (op, dtype)]
+        if len(keys) == len(whole):
+            rep.findings.append(Finding("vanished", op, dtype, "*",
+                                        detail=f"all {len(keys)} groups: no test of {op} in {dtype} ran"))
+        else:
+            for key in keys:
+                rep.findings.append(Finding("vanished", op, dtype, describe_group(key),
+                                            before=audit.num(base.rows[key]["usage"]),
+                                            detail="no test of this group ran"))
+    for key in sorted(set(run_rows) - set(base.rows), key=_sortable):
+        r = run_rows[key]
+        rep.findings.append(Finding("new", r["op"], r["dtype"], describe_group(key), after=audit.num(r["usage"]),
+                                    case=r["worst_case"], detail="not in the baseline"))
+    order = {k: i for i, k in enumerate(("fails", "grew", "vanished", "budget", "improved", "new"))}
+    rep.findings.sort(key=lambda f: (order[f.kind], f.op, f.dtype, f.group))
+    return rep
+
+
+def _usage_text(v) -> str:
+    if v is None:
+        return "-"
+    return "inf" if math.isinf(v) else f"{v:.3g}"
+
+
+VERDICT = {"grew": "GREW", "fails": "NOW FAILS", "vanished": "VANISHED", "budget": "BUDGET CHANGED",
+           "improved": "improved", "new": "new"}
+
+
+def format_report(rep: Report, path, update_command: str, max_notes: int = 20) -> list:
+    """The gate's lines for the terminal: a table of the findings (failing first), then the verdict."""
+    lines = []
+    shown = rep.failing + [f for f in rep.findings if not f.failing][:max_notes]
+    if shown:
+        head = ["verdict", "op", "dtype", "group", "baseline", "now", "detail", "worst case"]
+        body = [[VERDICT[f.kind], f.op, f.dtype, f.group, _usage_text(f.before), _usage_text(f.after), f.detail,
+                 f.case] for f in shown]
+        widths = [max(len(x) for x in col) for col in zip(head, *body)]
+        lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
+        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in body]
+        lines.append("(baseline, now: worst error/allowed of the group, 1 = at the budget)")
+    hidden = len(rep.findings) - len(shown)
+    if hidden:
+        lines.append(f"... and {hidden} more note(s) (new or improved groups)")
+    lines += rep.notes
+    counts = {k: sum(f.kind == k for f in rep.findings) for k in VERDICT}
+    tail = f"{rep.compared} groups compared"
+    if rep.not_selected:
+        tail += f", {rep.not_selected} not selected by this run (not compared)"
+    if rep.random_unjudged:
+        tail += f", {rep.random_unjudged} random groups not drawn (Hypothesis differs)"
+    if counts["new"]:
+        tail += f", {counts['new']} new"
+    if counts["improved"]:
+        tail += f", {counts['improved']} improved"
+    if rep.failing:
+        what = ", ".join(f"{counts[k]} {VERDICT[k].lower()}" for k in FAILING if counts[k])
+        lines.append(f"baseline gate FAILED against {path}: {what}; {tail}")
+        lines.append(f"if the change is intended, rewrite the baseline: {update_command}")
+    else:
+        lines.append(f"baseline gate passed against {path}: {tail}")
+    return lines
+
+
+def from_audit(audit_path, out_path) -> int:
+    """Write a baseline from an audit JSON (--audit-json) of a passing, unfiltered run."""
+    doc = json.loads(Path(audit_path).read_text())
+    meta = doc["meta"]
+    if meta.get("exitstatus") not in (0, None):
+        raise BaselineError(f"{audit_path}: the run exited {meta['exitstatus']}; a baseline needs a passing run")
+    rows = group_rows(doc["records"])
+    write(out_path, make_meta(meta["backend"], meta["device"], meta["profile"], meta["versions"]), rows)
+    return len(rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.baseline",
+                                     description="Write a baseline from an audit JSON (the plugin's "
+                                                 "--update-baseline does the same from a live run).")
+    parser.add_argument("audit", help="an audit JSON written by --audit-json")
+    parser.add_argument("out", help="the baseline to write")
+    args = parser.parse_args(argv)
+    try:
+        n = from_audit(args.audit, args.out)
+    except BaselineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.out}: {n} case groups")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

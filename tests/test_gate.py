@@ -1,0 +1,310 @@
+"""The regression gate (--baseline): case groups, the comparison rules, the file, and one small
+end-to-end run that updates a baseline, trips the gate with a planted regression and refuses a
+baseline of another backend."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from harness import baseline as bl, budgets as budget_file
+from harness.baseline import EXIT_REGRESSION, Baseline
+from harness.plugin import ROOT, selection_filters
+
+VERSIONS = {"hypothesis": "6.170.15", "numpy": "2.4.6", "triton": "3.9.0"}
+PINNED = "tests/test_ops.py::test_pinned"
+RANDOM = "tests/test_ops.py::test_random"
+
+
+def rec(op="rmsnorm", dtype="float32", test=PINNED, config="auto", values="normal", output="y", usage=0.2,
+        passed=True, case=None, rtol=1e-6, gap=None):
+    case = case or f"{op}-{dtype}-{config}-{values}-{usage}"
+    return {"op": op, "dtype": dtype, "test": f"{test}[{case}]", "config": config, "values": values,
+            "output": output, "case": case, "usage": usage, "passed": passed, "max_abs_err": 1e-7,
+            "max_rel_err": 1e-7, "atol": 1e-35, "rtol": rtol, "ref_ratio": None, "ref_floor": 0.0,
+            "budget_table": f"{op}.{dtype}", "gap": gap}
+
+
+def ran_of(records):
+    return {(bl.test_function(r["test"]), r["op"], r["dtype"], r["config"],
+             None if r["test"].startswith(RANDOM) else r["values"]) for r in records}
+
+
+def gate(base_records, run_records, *, complete=True, ran=None, versions=VERSIONS, growth=None, floor=0.01):
+    base = Baseline(bl.make_meta("interpreter", "Triton interpreter (CPU)", "ci", VERSIONS), bl.group_rows(base_records))
+    ran = ran_of(run_records) if ran is None else ran
+    return bl.compare(base, bl.group_rows(run_records), growth=growth or (lambda op: 2.0), floor=floor,
+                      selected=lambda row: bl.covered(row, ran), complete=complete, run_versions=versions,
+                      run_gaps=bl.gap_groups(run_records))
+
+
+def kinds(report):
+    return sorted((f.kind, f.op, f.dtype, f.group) for f in report.findings)
+
+
+BASE = [rec(usage=0.2), rec(usage=0.1, case="other"), rec(values="tiny", usage=0.3), rec(output="u", usage=0.05),
+        rec(config="chunked", usage=0.25), rec(test=RANDOM, values="outlier", usage=0.15),
+        rec(dtype="float16", usage=0.45, rtol=1e-3)]
+
+
+def test_case_groups_are_op_dtype_test_config_values_output():
+    rows = bl.group_rows(BASE)
+    assert ("rmsnorm", "float32", PINNED, "auto", "normal", "y") in rows
+    row = rows[("rmsnorm", "float32", PINNED, "auto", "normal", "y")]
+    assert (row["cases"], row["checks"], row["usage"], row["failures"]) == (2, 2, 0.2, 0)
+    assert len(rows) == 6
+
+
+def test_identical_errors_pass():
+    rep = gate(BASE, BASE)
+    assert rep.findings == [] and rep.compared == 6 and not rep.failing
+
+
+def test_an_error_grown_past_the_factor_inside_its_budget_fails():
+    planted = [dict(r, usage=0.41) if r["values"] == "normal" and r["output"] == "y" and r["config"] == "auto"
+               and r["dtype"] == "float32" and r["case"] != "other" else r for r in BASE]
+    assert all(r["passed"] and r["usage"] < 1 for r in planted)          # every check still inside its budget
+    rep = gate(BASE, planted)
+    assert kinds(rep) == [("grew", "rmsnorm", "float32", "pinned auto/normal y")]
+    f = rep.failing[0]
+    assert (f.before, f.after, f.limit) == (0.2, 0.41, 2.0)
+    exactly_double = [dict(r, usage=0.4) if r["case"] == BASE[0]["case"] else r for r in BASE]
+    assert gate(BASE, exactly_double).findings == []                    # "more than" the factor
+
+
+def test_errors_near_zero_are_raised_to_the_floor():
+    tiny = [rec(usage=1e-30)]
+    assert gate(tiny, [rec(usage=3e-30)]).findings == []                # 1e-30 -> 3e-30 is noise
+    assert gate([rec(usage=0.0)], [rec(usage=0.02)]).findings == []     # from exact to 2% of the budget: floor x 2
+    assert kinds(gate([rec(usage=0.0)], [rec(usage=0.03)])) == [("grew", "rmsnorm", "float32", "pinned auto/normal y")]
+    assert kinds(gate([rec(usage=0.0)], [rec(usage=0.03)], floor=0.02)) == []
+
+
+def test_growth_factor_per_op():
+    base, run = [rec(op="softmax", usage=0.1)], [rec(op="softmax", usage=0.25)]
+    assert kinds(gate(base, run)) == [("grew", "softmax", "float32", "pinned auto/normal y")]
+    assert gate(base, run, growth=lambda op: 3.0 if op == "softmax" else 2.0).findings == []
+
+
+def test_a_group_that_passed_and_now_fails():
+    run = [rec(usage="inf", passed=False)]
+    assert kinds(gate([rec(usage=0.2)], run)) == [("fails", "rmsnorm", "float32", "pinned auto/normal y")]
+
+
+def test_vanished_op_and_dtype_in_a_complete_run():
+    run = [r for r in BASE if r["dtype"] != "float16"]
+    rep = gate(BASE, run, complete=True)
+    assert kinds(rep) == [("vanished", "rmsnorm", "float16", "*")]
+    assert "no test of rmsnorm in float16 ran" in rep.failing[0].detail
+
+
+def test_a_filtered_run_does_not_report_what_it_did_not_select():
+    run = [r for r in BASE if r["dtype"] != "float16"]               # as with --dtype float32
+    rep = gate(BASE, run, complete=False)
+    assert rep.findings == [] and rep.not_selected == 1 and rep.compared == 5
+
+
+def test_a_group_whose_tests_ran_but_checked_nothing_has_vanished_even_in_a_filtered_run():
+    run = [r for r in BASE if r["values"] != "outlier"]               # the random test drew no outlier case
+    ran = ran_of(run) | {(RANDOM, "rmsnorm", "float32", "auto", None)}
+    rep = gate(BASE, run, complete=False, ran=ran)
+    assert kinds(rep) == [("vanished", "rmsnorm", "float32", "random auto/outlier y")]
+    # the same, now behind a declared gap
+    run_gap = run + [rec(test=RANDOM, values="outlier", usage="inf", passed=False, gap="some-gap")]
+    rep = gate(BASE, run_gap, complete=False, ran=ran)
+    assert kinds(rep) == [("vanished", "rmsnorm", "float32", "random auto/outlier y")]
+    assert "now a declared gap (some-gap)" in rep.failing[0].detail
+
+
+def test_a_changed_budget_makes_the_baseline_stale():
+    rep = gate([rec(rtol=1e-6)], [rec(rtol=5e-7)])
+    assert kinds(rep) == [("budget", "rmsnorm", "float32", "pinned auto/normal y")]
+    assert "stale" in rep.failing[0].detail
+
+
+def test_new_and_improved_groups_are_notes():
+    rep = gate([rec(usage=0.4)], [rec(usage=0.1), rec(values="zero", usage=0.0)])
+    assert kinds(rep) == [("improved", "rmsnorm", "float32", "pinned auto/normal y"),
+                          ("new", "rmsnorm", "float32", "pinned auto/zero y")]
+    assert not rep.failing
+
+
+def test_another_hypothesis_judges_random_groups_for_failures_only():
+    other = dict(VERSIONS, hypothesis="6.999.0")
+    grown = [dict(r, usage=0.9) if r["test"].startswith(RANDOM) else r for r in BASE]
+    rep = gate(BASE, grown, versions=other)
+    assert rep.findings == [] and any("Hypothesis differs" in n for n in rep.notes)
+    assert any("hypothesis 6.170.15 -> 6.999.0" in n for n in rep.notes)
+    failing = [dict(r, usage="inf", passed=False) if r["test"].startswith(RANDOM) else r for r in BASE]
+    assert [f.kind for f in gate(BASE, failing, versions=other).findings] == ["fails"]
+    drawn_other = [r for r in BASE if not r["test"].startswith(RANDOM)]
+    rep = gate(BASE, drawn_other, versions=other, ran=ran_of(BASE))
+    assert rep.findings == [] and rep.random_unjudged == 1
+
+
+def test_baseline_file_is_deterministic_sorted_and_one_group_a_line(tmp_path):
+    meta = bl.make_meta("interpreter", "Triton interpreter (CPU)", "ci", VERSIONS)
+    rows = bl.group_rows(BASE)
+    shuffled = dict(reversed(list(rows.items())))
+    assert bl.dumps(meta, rows) == bl.dumps(meta, shuffled)
+    text = bl.dumps(meta, rows)
+    assert len(text.splitlines()) == len(rows) + 4
+    assert json.loads(text)["format"] == bl.FORMAT
+    bl.write(tmp_path / "sub" / "b.json", meta, rows)
+    back = bl.load(tmp_path / "sub" / "b.json")
+    assert back.rows == rows and back.meta == meta
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(bl.BaselineError, match="bad.json"):
+        bl.load(tmp_path / "bad.json")
+
+
+def test_a_filtered_update_replaces_only_the_groups_it_selected():
+    old = bl.group_rows(BASE)
+    new = bl.group_rows([rec(usage=0.3, case="fresh")])                 # a run of pinned auto/normal only
+    ran = {(PINNED, "rmsnorm", "float32", "auto", "normal")}
+    merged = bl.merge(old, new, lambda row: bl.covered(row, ran))
+    assert merged[("rmsnorm", "float32", PINNED, "auto", "normal", "y")]["usage"] == 0.3
+    assert ("rmsnorm", "float32", PINNED, "auto", "normal", "u") not in merged   # selected, measured nothing
+    assert len(merged) == len(old) - 1
+
+
+def test_another_backend_or_profile_is_refused():
+    meta = bl.make_meta("interpreter", "Triton interpreter (CPU)", "ci", VERSIONS)
+    assert bl.refusal(meta, "interpreter", "ci", "b.json") is None
+    why = bl.refusal(meta, "gpu:NVIDIA H200", "gpu", "b.json")
+    assert "'interpreter'" in why and "'gpu:NVIDIA H200'" in why and "refuses" in why
+    assert bl.refusal(meta, "interpreter", "nightly", "b.json")
+
+
+def test_report_lines():
+    planted = [dict(r, usage=0.9) if r["case"] == BASE[0]["case"] else r for r in BASE]
+    lines = bl.format_report(gate(BASE, planted), "b.json", "UPDATE")
+    text = "\n".join(lines)
+    assert lines[0].split()[:4] == ["verdict", "op", "dtype", "group"]
+    assert "GREW" in text and "x4.5, limit x2" in text and "0.2" in text and "0.9" in text
+    assert "baseline gate FAILED against b.json: 1 grew" in text and "UPDATE" in text
+    assert bl.format_report(gate(BASE, BASE), "b.json", "UPDATE")[-1].startswith("baseline gate passed")
+
+
+def _config(args, source, **options):
+    opts = {"op": [], "dtype": [], **options}
+    return SimpleNamespace(getoption=lambda name, default=None: opts.get(name, default), args=args,
+                           args_source=source, invocation_params=SimpleNamespace(dir=ROOT))
+
+
+def test_what_counts_as_a_filtered_run():
+    A = pytest.Config.ArgsSource
+    assert selection_filters(_config(["tests"], A.TESTPATHS)) == []
+    assert selection_filters(_config(["tests"], A.ARGS)) == []
+    assert selection_filters(_config(["."], A.ARGS)) == []
+    assert selection_filters(_config(["tests/test_ops.py"], A.ARGS)) == ["test paths"]
+    assert selection_filters(_config(["tests"], A.TESTPATHS, op=["rmsnorm"], keyword="pinned")) == ["--op", "-k"]
+    assert selection_filters(_config(["tests"], A.TESTPATHS, markexpr="x", deselect=["a"])) == ["-m", "--deselect"]
+
+
+def test_gate_settings_in_tolerances(tmp_path):
+    ops = {"opa": ("float32",)}
+    body = '[opa.float32]\natol = 0\nrtol = 1e-6\nreason = "r"\n'
+    path = tmp_path / "tol.toml"
+    path.write_text(body)
+    b = budget_file.load(path, ops)
+    assert (b.growth("opa"), b.floor) == (budget_file.DEFAULT_GROWTH, budget_file.DEFAULT_FLOOR) == (2.0, 0.01)
+    path.write_text("baseline_growth = 3\nbaseline_floor = 0.05\n[opa]\nbaseline_growth = 4.5\n" + body)
+    b = budget_file.load(path, ops)
+    assert (b.growth("opa"), b.growth("other"), b.floor) == (4.5, 3.0, 0.05)
+    for bad, message in (("baseline_growth = 0.5\n", "expected a factor >= 1"),
+                         ("baseline_floor = 1\n", "expected 0 <= floor < 1"),
+                         ('baseline_growth = "2"\n', "expected a finite number"),
+                         ("[opa]\nbaseline_floor = 0.1\n", r"\[opa.baseline_floor\]")):
+        path.write_text(bad + body)
+        with pytest.raises(budget_file.BudgetError, match=message):
+            budget_file.load(path, ops)
+    committed = budget_file.load(ROOT / "tolerances.toml")
+    assert committed.growth("rmsnorm") >= 1 and 0 <= committed.floor < 1
+
+
+def _pytest(*args, env=None):
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *(env or {}).pop("EXTRA_PATH", [])])}
+    full_env.pop("PYTEST_XDIST_WORKER", None)
+    full_env.pop("PYTEST_ADDOPTS", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT,
+                          env=full_env, capture_output=True, text=True, timeout=600)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+# rmsnorm fp32, the 7 value regimes of one pinned shape: 7 case groups, one case each.
+SELECTION = ("--op", "rmsnorm", "--dtype", "float32", "-k", "pinned and 4x129 and s7", "tests/test_ops.py")
+
+PLANTED = textwrap.dedent('''
+    """Scale the recorded error of some case groups, as a kernel change would."""
+    from harness import audit
+    _make = audit.make_record
+    SCALE = {"outlier": 3.0, "large": 1.9, "constant": 100.0}
+    def make_record(outcome, check, test_id):
+        rec = _make(outcome, check, test_id)
+        rec["usage"] = rec["usage"] * SCALE.get(rec["values"], 1.0)
+        return rec
+    audit.make_record = make_record
+''')
+
+
+def test_update_then_gate_a_planted_regression_then_refuse_another_backend(tmp_path):
+    path, audit_path = tmp_path / "baseline.json", tmp_path / "audit.json"
+    rc, out = _pytest(*SELECTION, f"--baseline={path}", "--update-baseline", f"--audit-json={audit_path}")
+    assert rc == 0 and f"baseline written to {path}: 7 case groups" in out, out
+    written = path.read_text()
+    # the same file as one written from the run's audit JSON
+    bl.from_audit(audit_path, tmp_path / "from_audit.json")
+    assert (tmp_path / "from_audit.json").read_text() == written
+    usage = {row["values"]: row["usage"] for row in json.loads(written)["groups"]}
+    assert usage["outlier"] * 3 < 1 and usage["constant"] * 100 < 0.02     # the plants stay inside the budget
+
+    # Plant: outlier x3 (fails), large x1.9 (within 2x), constant x100 (stays under the floor). The
+    # baseline also has a float16 group this run does not select (not compared) and an output 'u'
+    # of a group whose test ran but that no check produced (vanished).
+    doc = json.loads(written)
+    row = {r["values"]: r for r in doc["groups"]}
+    extra = [dict(row["small"], dtype="float16"), dict(row["tiny"], output="u")]
+    bl.write(path, doc["meta"], {tuple(r[k] for k in bl.KEY): r for r in doc["groups"] + extra})
+    (tmp_path / "planted.py").write_text(PLANTED)
+    rc, out = _pytest(*SELECTION, f"--baseline={path}", "-p", "planted", env={"EXTRA_PATH": [str(tmp_path)]})
+    assert rc == EXIT_REGRESSION, out
+    gate_lines = out.split("kernelcheck baseline gate")[1]
+    assert "GREW      rmsnorm  float32  pinned auto/outlier y" in gate_lines, gate_lines
+    assert "VANISHED  rmsnorm  float32  pinned auto/tiny u" in gate_lines
+    assert "large" not in gate_lines and "constant" not in gate_lines and "float16" not in gate_lines
+    assert "1 grew, 1 vanished; 7 groups compared, 1 not selected by this run" in gate_lines
+    assert f"exit {EXIT_REGRESSION}: every test passed" in gate_lines and "7 passed" in out
+
+    doc["meta"].update(backend="gpu:NVIDIA H200", profile="gpu")
+    bl.write(path, doc["meta"], {tuple(r[k] for k in bl.KEY): r for r in doc["groups"]})
+    rc, out = _pytest(*SELECTION, f"--baseline={path}")
+    assert rc == 4 and "written on backend 'gpu:NVIDIA H200'" in out and "refuses to run" in out, out
+
+
+def test_ci_runs_the_readme_commands_and_the_committed_baseline_is_current():
+    """.ci/run runs the README's two commands; the baseline they gate with is the interpreter's,
+    for the ci profile, measured under the budgets in tolerances.toml (else: regenerate it)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3 -m")]
+    assert ci[-2:] == block and "--baseline results/baselines/interpreter.json" in block[-1]
+    base = bl.load(ROOT / "results" / "baselines" / "interpreter.json")
+    assert (base.meta["backend"], base.meta["profile"]) == ("interpreter", "ci") and len(base.rows) > 100
+    budgets = budget_file.load(ROOT / "tolerances.toml")
+    stale = []
+    for row in base.rows.values():
+        b = budgets.get(row["op"], row["dtype"], "interpreter")
+        if (b.atol, b.rtol, b.ref_ratio, b.ref_floor if b.ref_ratio is not None else 0.0) != (
+                row["atol"], row["rtol"], row["ref_ratio"], row["ref_floor"]):
+            stale.append(f"{row['op']}.{row['dtype']}")
+    assert not stale, f"budgets changed since the baseline (regenerate it, README 'Baselines'): {sorted(set(stale))}"
+
+
+def test_worst_case_of_tied_errors_does_not_depend_on_the_order_records_arrive():
+    records = [rec(usage=0.3, case="b"), rec(usage=0.3, case="a"), rec(usage=0.1, case="c")]
+    one, other = bl.group_rows(records), bl.group_rows(records[::-1])
+    assert one == other and one[("rmsnorm", "float32", PINNED, "auto", "normal", "y")]["worst_case"] == "a"
