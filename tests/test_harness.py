@@ -191,3 +191,21 @@ def test_inputs_are_replayable_in_every_layout_and_regime(layout, values):
         assert not a.is_contiguous() or layout == "offset"
     if layout == "offset":
         assert a.storage_offset() == 1
+
+
+def test_merge_audits_joins_parts_and_refuses_duplicates_and_mixed_backends():
+    from harness.merge_audits import merge
+
+    def rec(test, case):
+        return {"test": test, "case": case, "output": "y", "op": "rmsnorm", "dtype": "float32", "usage": 0.5,
+                "passed": True, "max_abs_err": 1e-7, "max_rel_err": 1e-7, "atol": 1e-6, "rtol": 1e-6,
+                "ref_ratio": None, "gap": None}
+    meta = {"backend": "gpu:X", "device": "X", "profile": "gpu", "versions": {"triton": "3.6"}, "args": [], "exitstatus": 0}
+    a = {"meta": meta, "records": [rec("t::a", "c1")]}
+    b = {"meta": {**meta, "exitstatus": 1}, "records": [rec("t::b", "c2")]}
+    records, merged = merge([a, b])
+    assert len(records) == 2 and merged["exitstatus"] == 1 and len(merged["parts"]) == 2
+    with pytest.raises(ValueError, match="ran twice"):
+        merge([a, a])
+    with pytest.raises(ValueError, match="backend"):
+        merge([a, {"meta": {**meta, "backend": "interpreter"}, "records": []}])
