@@ -41,6 +41,8 @@ def _collect_spans(args) -> list:
     for a in args:
         if isinstance(a, (tuple, list)):
             spans += _collect_spans(a)
+        elif hasattr(a, "block_shape") and hasattr(a, "base"):      # a TMA TensorDescriptor
+            spans += _collect_spans([a.base])
         elif hasattr(a, "data_ptr") and hasattr(a, "stride"):
             base = getattr(a, "base", a)      # TensorWrapper (reinterpreted dtype) keeps .base
             span = _span(base if hasattr(base, "stride") else a)
