@@ -1,4 +1,5 @@
-"""Device-side helpers shared by the row kernels (norms, softmax)."""
+"""Device-side helpers shared by the kernels: row offsets and tiles (norms, softmax), Kahan
+sums, activations, and the grouped tile order of the GEMMs (matmul, swiglu, fp8_matmul)."""
 import triton
 import triton.language as tl
 
@@ -49,3 +50,16 @@ def activate(z, ACT: tl.constexpr):
     elif ACT == "relu":
         z = tl.where(z < 0.0, 0.0, z)       # NaN stays NaN (a max() might drop it)
     return z
+
+
+@triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of GEMM program `pid` in grouped order: GROUP_M row tiles x all column
+    tiles per group, column-major inside it, so the tiles running at the same time share their
+    weight columns in L2."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % rows_in_group, (pid % per_group) // rows_in_group
