@@ -1,6 +1,7 @@
 """Known gaps of a backend: the one place where a check may be expected to fail.
 
-A gap matches by backend, op, dtype, kernel config, value regime and installed versions.
+A gap matches by backend, op, dtype, kernel config, value regime, case params (an FP8 format,
+say) and installed versions.
 Matching pinned tests are marked as strict xfails at collection, so they still run: a fix
 upstream turns the gap into a visible XPASS failure (time to delete the entry). Random tests
 leave a gap's value regimes out of their draws. The summary lists both. Tests must never skip
@@ -29,6 +30,7 @@ class Gap:
     dtypes: tuple = ("*",)
     configs: tuple = ("*",)       # kernel configs it hits ("*": all)
     values: tuple = ("*",)        # input value regimes it hits ("*": all)
+    params: tuple = ()            # ((name, value), ...): case params it needs ((): any)
     min_versions: tuple = ()      # ((package, "x.y"), ...): applies at or above
     max_versions: tuple = ()      # ((package, "x.y"), ...): applies below
 
@@ -45,8 +47,10 @@ class Gap:
         return True
 
     def applies(self, backend: str, op: str, dtype: str | None, config: str | None, versions: dict,
-                values: str | None = None) -> bool:
+                values: str | None = None, params: dict | None = None) -> bool:
         if not self.active(backend, versions):
+            return False
+        if self.params and (params is None or any(params.get(k) != v for k, v in self.params)):
             return False
         if "*" not in self.ops and op not in self.ops:
             return False
@@ -78,8 +82,8 @@ GAPS = (
 
 
 def find(backend: str, op: str, dtype: str | None, config: str | None, versions: dict,
-         values: str | None = None) -> Gap | None:
+         values: str | None = None, params: dict | None = None) -> Gap | None:
     for gap in GAPS:
-        if gap.applies(backend, op, dtype, config, versions, values):
+        if gap.applies(backend, op, dtype, config, versions, values, params):
             return gap
     return None
