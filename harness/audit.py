@@ -145,7 +145,7 @@ def junit_properties(item: list | None, records: list, gap: str | None = None) -
 
 def write_json(path, records: list, meta: dict) -> None:
     doc = {"meta": {**meta, "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
-           "summary": [{**r, "headroom": _num(r["headroom"])} for r in summarize(records)],
+           "summary": [{k: (_num(v) if isinstance(v, float) else v) for k, v in r.items()} for r in summarize(records)],
            # Sorted, so that two runs of the same cases write the same records in the same order
            # whatever order the xdist workers finished in.
            "records": sorted(records, key=lambda r: (r["test"], r["case"], r["output"]))}

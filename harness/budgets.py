@@ -22,6 +22,11 @@ must stand before the first table, and one per-op override:
     [softmax]
     baseline_growth = 3.0          # this op's own growth limit
 
+    [fp8_matmul.bfloat16.sqnr]     # optional, FP8 ops: SQNR floors in dB per fp8 format
+    e4m3fn = 25.0                  # end to end (quantize + op) against the unquantized float64
+    e5m2 = 19.0                    # result; a backend override keeps them
+    reason = "measured how"
+
 Any unknown op, dtype or key, a missing budget, or a value that is not a finite number >= 0
 is an error that names the file, the table and the key.
 """
@@ -40,6 +45,8 @@ GATE_KEYS = ("baseline_growth", "baseline_floor")   # top-level settings of the 
 OP_KEYS = ("baseline_growth",)                       # keys an [op] table may hold beside its dtypes
 DEFAULT_GROWTH = 2.0
 DEFAULT_FLOOR = 0.01
+SQNR_TABLE = "sqnr"
+SQNR_FORMATS = ("e4m3fn", "e5m2")
 
 
 class BudgetError(ValueError):
@@ -54,6 +61,14 @@ class Budget:
     table: str                     # e.g. "rmsnorm.float16" or "rmsnorm.bfloat16.interpreter"
     ref_ratio: float | None = None
     ref_floor: float = 0.0
+    sqnr_db: tuple = ()            # ((fp8 format, floor in dB), ...)
+    sqnr_reason: str = ""
+
+    def sqnr_floor(self, fmt: str) -> float:
+        floors = dict(self.sqnr_db)
+        if fmt not in floors:
+            raise KeyError(f"[{self.table}] has no SQNR floor for {fmt!r} (a [{self.table}.sqnr] key)")
+        return floors[fmt]
 
     def describe(self) -> str:
         s = f"atol {self.atol:g}, rtol {self.rtol:g}"
@@ -76,7 +91,7 @@ def _number(path, table, key, value) -> float:
 
 
 def _fields(path, table, body: dict, *, allow_backends: bool, required: tuple) -> dict:
-    allowed = (*NUMBER_KEYS, "reason", *(BACKEND_TABLES if allow_backends else ()))
+    allowed = (*NUMBER_KEYS, "reason", *((*BACKEND_TABLES, SQNR_TABLE) if allow_backends else ()))
     for key in body:
         if key not in allowed:
             raise BudgetError(f"{path}: [{table}] key '{key}': unknown key; expected one of {', '.join(allowed)}")
@@ -91,11 +106,32 @@ def _fields(path, table, body: dict, *, allow_backends: bool, required: tuple) -
     return out
 
 
-def _budget(path, table, fields: dict) -> Budget:
+def _sqnr(path, table, body) -> tuple[tuple, str]:
+    """The optional [op.dtype.sqnr] table: a floor in dB per fp8 format, and its reason."""
+    if body is None:
+        return (), ""
+    table = f"{table}.{SQNR_TABLE}"
+    if not isinstance(body, dict):
+        raise BudgetError(f"{path}: [{table}]: expected a table")
+    for key in body:
+        if key not in (*SQNR_FORMATS, "reason"):
+            raise BudgetError(f"{path}: [{table}] key '{key}': unknown key; expected one of "
+                              f"{', '.join(SQNR_FORMATS)}, reason")
+    floors = tuple((k, _number(path, table, k, body[k])) for k in SQNR_FORMATS if k in body)
+    if not floors:
+        raise BudgetError(f"{path}: [{table}]: expected a floor for at least one of {', '.join(SQNR_FORMATS)}")
+    reason = body.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise BudgetError(f"{path}: [{table}] key 'reason': expected a non-empty string, got {reason!r}")
+    return floors, reason.strip()
+
+
+def _budget(path, table, fields: dict, sqnr=((), "")) -> Budget:
     if ("ref_ratio" in fields) != ("ref_floor" in fields):
         raise BudgetError(f"{path}: [{table}] keys 'ref_ratio' and 'ref_floor': give both or neither")
     return Budget(atol=fields["atol"], rtol=fields["rtol"], reason=fields["reason"], table=table,
-                  ref_ratio=fields.get("ref_ratio"), ref_floor=fields.get("ref_floor", 0.0))
+                  ref_ratio=fields.get("ref_ratio"), ref_floor=fields.get("ref_floor", 0.0),
+                  sqnr_db=sqnr[0], sqnr_reason=sqnr[1])
 
 
 class Budgets:
@@ -157,7 +193,8 @@ def load(path: str | Path, op_dtypes: dict | None = None) -> Budgets:
             if not isinstance(body, dict):
                 raise BudgetError(f"{path}: [{table}]: expected a table, got {body!r}")
             fields = _fields(path, table, body, allow_backends=True, required=("atol", "rtol", "reason"))
-            budget = base[(op, dtype)] = _budget(path, table, fields)
+            sqnr = _sqnr(path, table, body.get(SQNR_TABLE))
+            budget = base[(op, dtype)] = _budget(path, table, fields, sqnr)
             for backend in BACKEND_TABLES:
                 if backend in body:
                     sub_table = f"{table}.{backend}"
@@ -168,7 +205,7 @@ def load(path: str | Path, op_dtypes: dict | None = None) -> Budgets:
                     if budget.ref_ratio is None:
                         merged.pop("ref_floor", None)
                     merged.update(sub)
-                    overrides[(op, dtype, backend)] = _budget(path, sub_table, merged)
+                    overrides[(op, dtype, backend)] = _budget(path, sub_table, merged, sqnr)
     for op, dts in op_dtypes.items():
         for dtype in dts:
             if (op, dtype) not in base:

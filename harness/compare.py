@@ -130,3 +130,16 @@ def compare(output: str, got: torch.Tensor, expected: torch.Tensor, budget: Budg
     worst = (_index(k, shape), _f(y[k]), _f(o[k])) if k is not None else (None, None, None)
     return Check(output, problem is None, problem, shape, n, max_abs, max_rel, rel_fro, ref_err, usage,
                  *worst, bad)
+
+
+def sqnr_db(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """Signal to quantization noise ratio in dB, 10 log10(sum o^2 / sum (y - o)^2), in float64:
+    how FP8 end-to-end results are judged (a wrong global scale gives about 0 dB or less,
+    where a cosine similarity would still be 1)."""
+    y = got.detach().to("cpu", torch.float64)
+    o = expected.detach().to("cpu", torch.float64)
+    noise = float(((y - o) ** 2).sum())
+    signal = float((o ** 2).sum())
+    if noise == 0:
+        return math.inf
+    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf

@@ -173,15 +173,15 @@ def pytest_report_header(config):
 
 
 def item_meta(item) -> tuple:
-    """(op, dtype, config, values) of a test item, from its `case` / `op` / `dtype` / `config`
-    params or its op marker; None where a test has no such notion."""
+    """(op, dtype, config, values, case params) of a test item, from its `case` / `op` / `dtype` /
+    `config` params or its op marker; None where a test has no such notion."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     case = params.get("case")
     if case is not None and hasattr(case, "op"):
-        return case.op, case.dtype, case.config, case.values
+        return case.op, case.dtype, case.config, case.values, dict(case.params)
     marker = item.get_closest_marker("op")
     op = params.get("op") or (marker.args[0] if marker else None)
-    return op, params.get("dtype"), params.get("config"), None
+    return op, params.get("dtype"), params.get("config"), None, None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -189,7 +189,7 @@ def pytest_collection_modifyitems(config, items):
     want_ops, want_dtypes = set(_split(config.getoption("op"))), set(_split(config.getoption("dtype")))
     keep, drop = [], []
     for item in items:
-        op, dtype, kconfig, values = item_meta(item)
+        op, dtype, kconfig, values, case_params = item_meta(item)
         if (want_ops and op not in want_ops) or (want_dtypes and dtype not in want_dtypes):
             drop.append(item)
             continue
@@ -199,7 +199,7 @@ def pytest_collection_modifyitems(config, items):
         if op is not None:
             # travels with every report, to the xdist controller too: what --baseline counts as selected
             item.user_properties.append((ITEM_PROPERTY, json.dumps([op, dtype, kconfig, values])))
-            gap = gaps.find(s.backend.name, op, dtype, kconfig, s.backend.versions, values)
+            gap = gaps.find(s.backend.name, op, dtype, kconfig, s.backend.versions, values, case_params)
             if gap is not None:
                 item.add_marker(pytest.mark.xfail(strict=True, reason=gap.marker_reason()))
     if drop:
@@ -370,8 +370,10 @@ class Recorder:
                           ", ".join(f"{gid} x{n}" for gid, n in sorted(s.gap_hits.items())))
         for gap in gaps.GAPS:
             if "*" not in gap.values and gap.active(s.backend.name, s.backend.versions):
+                where = "".join(f" with {k}={v}" for k, v in gap.params)
                 tr.write_line(f"declared gap {gap.id}: random cases leave out value regime(s) "
-                              f"{', '.join(gap.values)} for {', '.join(gap.ops)} in {', '.join(gap.dtypes)}")
+                              f"{', '.join(gap.values)} for {', '.join(gap.ops)} in "
+                              f"{'every dtype' if '*' in gap.dtypes else ', '.join(gap.dtypes)}{where}")
         if s.unaudited:
             tr.write_line(f"ERROR: {len(s.unaudited)} audited test(s) passed without any audit record reaching "
                           f"the controller (first: {s.unaudited[0]}); failing the run", red=True)

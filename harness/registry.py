@@ -24,6 +24,8 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "embedding": ("harness.ops.embedding", FLOATS),     # the dtype is the table's
     "matmul": ("harness.ops.gemm", FLOATS),
     "swiglu": ("harness.ops.gemm", FLOATS),
+    "quantize_fp8": ("harness.ops.fp8", FLOATS),    # the dtype is x's; the fp8 format is a case param
+    "fp8_matmul": ("harness.ops.fp8", FLOATS),      # the dtype is the output's
 }
 
 

@@ -30,10 +30,11 @@ def size() -> str:
     return _size
 
 
-def regimes(op: str, dtype: str, config: str, allowed):
-    """Value regimes to draw from, minus those a declared gap says this backend gets wrong."""
+def regimes(op: str, dtype: str, config: str, allowed, params: dict | None = None):
+    """Value regimes to draw from, minus those a declared gap says this backend gets wrong (for a
+    case with these params, where a gap names params)."""
     keep = [regime for regime in allowed
-            if (gap := gaps.find(_backend[0], op, dtype, config, _backend[1], values=regime)) is None
+            if (gap := gaps.find(_backend[0], op, dtype, config, _backend[1], values=regime, params=params)) is None
             or "*" in gap.values]
     return st.sampled_from(keep)
 

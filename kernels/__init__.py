@@ -7,9 +7,10 @@ from kernels.adamw import AdamW, adamw
 from kernels.activations import bias_gelu
 from kernels.attention import decode_attention, flash_attention
 from kernels.embedding import embedding
+from kernels.fp8 import fp8_matmul, quantize_fp8
 from kernels.gemm import matmul, swiglu
 from kernels.norms import add_rmsnorm, layernorm, rmsnorm
 from kernels.rope import rmsnorm_rope, rope
 from kernels.softmax import softmax
 
-__all__ = ["adamw", "AdamW", "add_rmsnorm", "bias_gelu", "decode_attention", "embedding", "flash_attention", "layernorm", "matmul", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
+__all__ = ["adamw", "AdamW", "add_rmsnorm", "bias_gelu", "decode_attention", "embedding", "flash_attention", "fp8_matmul", "layernorm", "matmul", "quantize_fp8", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]

@@ -1,4 +1,5 @@
-"""Device-side helpers shared by the row kernels (norms, softmax)."""
+"""Device-side helpers shared by the kernels: row offsets and tiles (norms, softmax), Kahan
+sums, activations, and the grouped tile order of the GEMMs (matmul, swiglu, fp8_matmul)."""
 import triton
 import triton.language as tl
 
@@ -62,3 +63,23 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
     first_m = (pid // per_group) * GROUP_M
     rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
     return first_m + (pid % per_group) % rows_in_group, (pid % per_group) // rows_in_group
+
+
+@triton.jit
+def gemm_tile(a_ptr, w_ptr, M, N, sam, sak, swn, swk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Where GEMM program tl.program_id(0) works (grouped order): its output offsets offs_m,
+    offs_n, the K offsets of a tile, the weight rows rn, and the pointers of its first a tile
+    [BLOCK_M, BLOCK_K] and w^T tile [BLOCK_K, BLOCK_N] (w stored [N, K]). Rows and columns past
+    the end wrap onto valid ones (their results are never stored), so only K needs a load mask.
+    Row offsets are int64; within-tile K offsets stay int32 (launchers keep BLOCK_K * stride
+    below 2^31)."""
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    a_ptrs = a_ptr + rm[:, None] * sam + offs_k[None, :] * sak
+    w_ptrs = w_ptr + rn[None, :] * swn + offs_k[:, None] * swk
+    return offs_m, offs_n, offs_k, rm, rn, a_ptrs, w_ptrs

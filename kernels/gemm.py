@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._device import activate, grouped_tile
+from kernels._device import activate, gemm_tile, grouped_tile
 from kernels._launch import check_same_device, check_same_dtype, check_tensor, interpreting, new_out
 
 ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "relu")
@@ -36,18 +36,10 @@ def _gemm_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, M, N, K,
                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS2: tl.constexpr, GATED: tl.constexpr,
                  EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    # Rows and columns past the end wrap onto valid ones (their results are never stored), so
-    # only K needs a load mask, and only when K is not a multiple of BLOCK_K.
-    rm = (offs_m % M).to(tl.int64)
-    rn = (offs_n % N).to(tl.int64)
-    # Within-tile K offsets stay int32: the launcher keeps BLOCK_K * stride below 2^31.
-    a_ptrs = a_ptr + rm[:, None] * sam + offs_k[None, :] * sak
-    w_ptrs = w_ptr + rn[None, :] * swn + offs_k[:, None] * swk        # a [BLOCK_K, BLOCK_N] tile of w^T
+    # Only K needs a load mask (rows and columns past the end wrap), and only when K is not a
+    # multiple of BLOCK_K.
+    offs_m, offs_n, offs_k, rm, rn, a_ptrs, w_ptrs = gemm_tile(a_ptr, w_ptr, M, N, sam, sak, swn, swk,
+                                                               BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
         w2_ptrs = w2_ptr + rn[None, :] * sw2n + offs_k[:, None] * sw2k

@@ -8,9 +8,10 @@ from oracles.adamw import adamw
 from oracles.activations import bias_gelu
 from oracles.attention import decode_attention, flash_attention
 from oracles.embedding import embedding
+from oracles.fp8 import fp8_matmul, quantize_fp8
 from oracles.gemm import matmul, swiglu
 from oracles.norms import add_rmsnorm, layernorm, rmsnorm
 from oracles.rope import rmsnorm_rope, rope
 from oracles.softmax import softmax
 
-__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "embedding", "flash_attention", "layernorm", "matmul", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
+__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "embedding", "flash_attention", "fp8_matmul", "layernorm", "matmul", "quantize_fp8", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]

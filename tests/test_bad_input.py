@@ -20,6 +20,18 @@ def P(B, T_, device, dtype=torch.int64):
     return torch.zeros(B, T_, dtype=dtype, device=device)
 
 
+E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def F8(*shape, dtype=E4, device="cpu"):
+    return torch.randn(*shape).to(dtype).to(device)
+
+
+def S(*shape, device="cpu", dtype=torch.float32):
+    """Scales: S() is a 0-d one (per tensor)."""
+    return torch.ones(shape, dtype=dtype, device=device)
+
+
 # (op, description, call(device), exception, the argument the message must start with)
 BAD = [
     # rmsnorm / layernorm / add_rmsnorm
@@ -166,6 +178,47 @@ BAD = [
     ("swiglu", "up bias dtype", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 4, device=d), T(3, 4, device=d), None, T(3, dtype=torch.float16, device=d)), TypeError, "b_up"),
     ("swiglu", "relu is not gated", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 4, device=d), T(3, 4, device=d), activation="relu"), ValueError, "activation"),
     ("swiglu", "out shape", lambda d: kernels.swiglu(T(2, 4, device=d), T(3, 4, device=d), T(3, 4, device=d), out=T(2, 4, device=d)), ValueError, "out"),
+    # quantize_fp8
+    ("quantize_fp8", "int input", lambda d: kernels.quantize_fp8(torch.ones(2, 4, dtype=torch.int32, device=d)), TypeError, "x"),
+    ("quantize_fp8", "float64 input", lambda d: kernels.quantize_fp8(T(2, 4, dtype=torch.float64, device=d)), TypeError, "x"),
+    ("quantize_fp8", "fp8 input", lambda d: kernels.quantize_fp8(F8(2, 4, device=d)), TypeError, "x"),
+    ("quantize_fp8", "0-d input", lambda d: kernels.quantize_fp8(torch.tensor(1.0, device=d)), ValueError, "x"),
+    ("quantize_fp8", "dtype not fp8", lambda d: kernels.quantize_fp8(T(2, 4, device=d), torch.float16), TypeError, "dtype"),
+    ("quantize_fp8", "dtype a string", lambda d: kernels.quantize_fp8(T(2, 4, device=d), "e4m3fn"), TypeError, "dtype"),
+    ("quantize_fp8", "unknown granularity", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, "channel"), ValueError, "granularity"),
+    ("quantize_fp8", "granularity None", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, None), TypeError, "granularity"),
+    ("quantize_fp8", "static scale fp16", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, scale=S(device=d, dtype=torch.float16)), TypeError, "scale"),
+    ("quantize_fp8", "static scale shape", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, "row", scale=S(device=d)), ValueError, "scale"),
+    ("quantize_fp8", "static scale and scale_out", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, scale=S(device=d), scale_out=S(device=d)), ValueError, "scale_out"),
+    ("quantize_fp8", "out of the other format", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, out=F8(2, 4, dtype=E5, device=d)), TypeError, "out"),
+    ("quantize_fp8", "out shape", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, out=F8(4, 2, device=d)), ValueError, "out"),
+    ("quantize_fp8", "scale_out shape", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, "row", scale_out=S(2, device=d)), ValueError, "scale_out"),
+    ("quantize_fp8", "scale_out dtype", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, scale_out=S(device=d, dtype=torch.float16)), TypeError, "scale_out"),
+    ("quantize_fp8", "block_cols not a power of two", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, block_cols=24), ValueError, "block_cols"),
+    # fp8_matmul
+    ("fp8_matmul", "a8 not fp8", lambda d: kernels.fp8_matmul(T(2, 4, dtype=torch.float16, device=d), F8(3, 4, device=d), S(device=d), S(device=d)), TypeError, "a8"),
+    ("fp8_matmul", "b8 not fp8", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), T(3, 4, dtype=torch.bfloat16, device=d), S(device=d), S(device=d)), TypeError, "b8"),
+    ("fp8_matmul", "mixed fp8 formats", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, dtype=E5, device=d), S(device=d), S(device=d)), TypeError, "b8"),
+    ("fp8_matmul", "a8 1-d", lambda d: kernels.fp8_matmul(F8(4, device=d), F8(3, 4, device=d), S(device=d), S(device=d)), ValueError, "a8"),
+    ("fp8_matmul", "b8 3-d", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(1, 3, 4, device=d), S(device=d), S(device=d)), ValueError, "b8"),
+    ("fp8_matmul", "inner dims differ", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 5, device=d), S(device=d), S(device=d)), ValueError, "b8"),
+    ("fp8_matmul", "weight given as [K, N]", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(4, 3, device=d), S(device=d), S(device=d)), ValueError, "b8"),
+    ("fp8_matmul", "scale_a fp16", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d, dtype=torch.float16), S(device=d)), TypeError, "scale_a"),
+    ("fp8_matmul", "scale_a a float", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), 1.0, S(device=d)), TypeError, "scale_a"),
+    ("fp8_matmul", "scale_a length", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(3, device=d), S(device=d)), ValueError, "scale_a"),
+    ("fp8_matmul", "scale_a as a row", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(1, 2, device=d), S(device=d)), ValueError, "scale_a"),
+    ("fp8_matmul", "scale_b per row of a", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(2, device=d)), ValueError, "scale_b"),
+    ("fp8_matmul", "scale_b shape", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(3, 2, device=d)), ValueError, "scale_b"),
+    ("fp8_matmul", "scale_b device", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), torch.ones((), device="meta")), ValueError, "scale_b"),
+    ("fp8_matmul", "bias length", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), T(4, device=d)), ValueError, "bias"),
+    ("fp8_matmul", "bias int", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), torch.ones(3, dtype=torch.int32, device=d)), TypeError, "bias"),
+    ("fp8_matmul", "out_dtype fp8", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), out_dtype=E4), TypeError, "out_dtype"),
+    ("fp8_matmul", "out_dtype a string", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), out_dtype="bfloat16"), TypeError, "out_dtype"),
+    ("fp8_matmul", "out shape", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), out=T(3, 2, dtype=torch.bfloat16, device=d)), ValueError, "out"),
+    ("fp8_matmul", "out dtype", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), out=T(2, 3, device=d)), TypeError, "out"),
+    ("fp8_matmul", "block_k below 32", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), block_k=16), ValueError, "block_k"),
+    ("fp8_matmul", "block_n not a power of two", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), block_n=48), ValueError, "block_n"),
+    ("fp8_matmul", "group_m zero", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), group_m=0), ValueError, "group_m"),
 ]
 
 
@@ -202,6 +255,10 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("matmul", lambda d: kernels.matmul(T(0, 8, device=d), T(5, 8, device=d), T(5, device=d), "gelu")),
     ("matmul", lambda d: kernels.matmul(T(2, 3, 8, device=d), T(0, 8, device=d))),
     ("swiglu", lambda d: kernels.swiglu(T(2, 0, 8, device=d), T(5, 8, device=d), T(5, 8, device=d))),
+    ("quantize_fp8", lambda d: kernels.quantize_fp8(T(0, 8, device=d), E4, "row")[0]),
+    ("quantize_fp8", lambda d: kernels.quantize_fp8(T(3, 0, device=d), E5, "tensor")[0]),
+    ("fp8_matmul", lambda d: kernels.fp8_matmul(F8(0, 8, device=d), F8(5, 8, device=d), S(device=d), S(5, device=d))),
+    ("fp8_matmul", lambda d: kernels.fp8_matmul(F8(4, 8, device=d), F8(0, 8, device=d), S(4, 1, device=d), S(device=d))),
 ])
 def test_empty_input_gives_empty_output(op, call, dev):
     y = call(dev)

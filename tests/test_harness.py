@@ -67,6 +67,28 @@ def test_budgets_errors_name_file_table_and_key(tmp_path, edit, message):
     assert "tol.toml" in str(info.value)
 
 
+SQNR = '\n[opa.float32.sqnr]\ne4m3fn = 25\ne5m2 = 19.5\nreason = "measured"\n'
+
+
+def test_budgets_sqnr_floors(tmp_path):
+    b = _load(tmp_path, GOOD + SQNR + '[opa.float32.gpu]\nrtol = 1e-4\nreason = "gpu"\n')
+    assert b.get("opa", "float32", "interpreter").sqnr_floor("e5m2") == 19.5
+    assert b.get("opa", "float32", "gpu").sqnr_floor("e4m3fn") == 25.0      # a backend override keeps them
+    with pytest.raises(KeyError, match="no SQNR floor"):
+        b.get("opb", "float32", "gpu").sqnr_floor("e4m3fn")
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.replace("e5m2 = 19.5", "e5m3 = 19.5"), r"\[opa.float32.sqnr\] key 'e5m3': unknown key"),
+    (lambda t: t.replace('reason = "measured"', ""), r"\[opa.float32.sqnr\] key 'reason'"),
+    (lambda t: t.replace("e4m3fn = 25", 'e4m3fn = "high"'), r"\[opa.float32.sqnr\] key 'e4m3fn': expected a number"),
+    (lambda t: t.replace("e4m3fn = 25\ne5m2 = 19.5\n", ""), r"\[opa.float32.sqnr\]: expected a floor"),
+])
+def test_budgets_sqnr_errors(tmp_path, edit, message):
+    with pytest.raises(BudgetError, match=message):
+        _load(tmp_path, edit(GOOD + SQNR))
+
+
 def test_committed_tolerances_cover_every_registered_op():
     from harness.plugin import ROOT
     b = budget_file.load(ROOT / "tolerances.toml")
@@ -169,6 +191,15 @@ def test_gap_matching():
     assert not gap.applies("interpreter", "matmul", "float16", "auto", v)
     assert not gap.applies("interpreter", "matmul", "bfloat16", "auto", {"numpy": "2.4.6", "triton": "3.6.0"})
     assert not gap.applies("interpreter", "matmul", "bfloat16", "auto", {"numpy": "2.5.2", "triton": "3.9.0"})
+
+
+def test_gap_matching_by_case_params():
+    gap = gaps.Gap(id="g", backend="interpreter", reason="r", link="l", ops=("fp8_matmul",), values=("tiny",),
+                   params=(("fmt", "e5m2"),))
+    assert gap.applies("interpreter", "fp8_matmul", "float32", "auto", {}, "tiny", {"fmt": "e5m2", "bias": True})
+    assert not gap.applies("interpreter", "fp8_matmul", "float32", "auto", {}, "tiny", {"fmt": "e4m3fn"})
+    assert not gap.applies("interpreter", "fp8_matmul", "float32", "auto", {}, "tiny", None)     # random tests
+    assert not gap.applies("interpreter", "fp8_matmul", "float32", "auto", {}, "normal", {"fmt": "e5m2"})
 
 
 def test_case_json_round_trip():

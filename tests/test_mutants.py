@@ -335,16 +335,80 @@ SPECIFIC["swiglu"] = {
     "wrong_activation": ({}, lambda i, e: _sg(i, act="gelu")),
 }
 
+def _quant(i, *, scale_mult=1.0, invert=False, truncate=False, zero_amax_nan=False, tensor_amax=False):
+    """quantize_fp8's (x8, scale) in float64 with pluggable bugs; fp8 rounding is torch's cast
+    (round to nearest even), fixed up to round toward zero for `truncate`."""
+    dtype, row = i["dtype"], i["granularity"] == "row" and not tensor_amax
+    fp8_max = np.float32(torch.finfo(dtype).max)
+    x = f64(i["x"]).astype(np.float32)
+    amax = np.max(np.abs(x), axis=-1, keepdims=True) if row else np.max(np.abs(x))
+    scale = np.float32(amax) / fp8_max
+    if not zero_amax_nan:
+        scale = np.where(scale == 0, np.float32(1), scale)
+    scale = (scale * np.float32(scale_mult)).astype(np.float32)
+    if tensor_amax and i["granularity"] == "row":
+        scale = np.broadcast_to(scale, (*x.shape[:-1], 1)).copy()
+    with np.errstate(all="ignore"):
+        q = np.clip(x * scale if invert else x / scale, -fp8_max, fp8_max)
+    t = torch.from_numpy(q).to(dtype)
+    if truncate:        # one code toward zero wherever nearest rounding went away from zero
+        away = (t.double().abs() > torch.from_numpy(q).double().abs()).numpy()
+        codes = t.view(torch.uint8).numpy().copy()
+        codes[away] -= 1
+        t = torch.from_numpy(codes).view(dtype)
+    return t.double(), torch.from_numpy(np.array(scale, dtype=np.float64))
+
+
+SPECIFIC["quantize_fp8"] = {
+    "scale_x2": ({}, lambda i, e: _quant(i, scale_mult=2.0)),
+    "scale_multiplied_not_divided": ({}, lambda i, e: _quant(i, invert=True)),
+    "round_toward_zero": ({}, lambda i, e: _quant(i, truncate=True)),
+    "amax_zero_gives_nan": (dict(values="zero"), lambda i, e: _quant(i, zero_amax_nan=True)),
+    "per_tensor_scale_for_rows": ({}, lambda i, e: _quant(i, tensor_amax=True)),
+}
+
+
+def _fp8mm(i, *, scale_mult=1.0, invert=False, a_scale_by_column=False, k_keep=None, bias=True):
+    """fp8_matmul in float64 with pluggable bugs (fp8 decoded by torch)."""
+    a, b = i["a8"].double().cpu(), i["b8"].double().cpu()
+    M, N = a.shape[0], b.shape[0]
+    sa = i["scale_a"].double().cpu().reshape(-1).expand(M) if i["scale_a"].numel() == 1 else i["scale_a"].double().cpu().reshape(-1)
+    sb = i["scale_b"].double().cpu().reshape(-1).expand(N) if i["scale_b"].numel() == 1 else i["scale_b"].double().cpu().reshape(-1)
+    if k_keep is not None:
+        a, b = a[:, :k_keep], b[:, :k_keep]
+    acc = a @ b.T
+    if invert:
+        y = acc / sa[:, None] / sb[None, :]
+    elif a_scale_by_column:          # the per-row scale of a applied along the output columns
+        y = acc * sa[None, :N] * sb[None, :]
+    else:
+        y = acc * scale_mult * sa[:, None] * sb[None, :]
+    if bias and i["bias"] is not None:
+        y = y + i["bias"].double().cpu()
+    return (y,)
+
+
+SPECIFIC["fp8_matmul"] = {
+    "scale_x2": ({}, lambda i, e: _fp8mm(i, scale_mult=2.0)),
+    "scales_divided_not_multiplied": ({}, lambda i, e: _fp8mm(i, invert=True)),
+    "row_scale_applied_per_column": ({}, lambda i, e: _fp8mm(i, a_scale_by_column=True)),
+    "k_tail_dropped": ({}, lambda i, e: _fp8mm(i, k_keep=i["a8"].shape[1] - 3)),
+    "bias_missing": ({}, lambda i, e: _fp8mm(i, bias=False)),
+}
+
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
         "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "adamw": (4, 64),
-        "bias_gelu": (5, 64), "embedding": (3, 7, 16), "matmul": (24, 40, 20), "swiglu": (24, 40, 20)}
+        "bias_gelu": (5, 64), "embedding": (3, 7, 16), "matmul": (24, 40, 20), "swiglu": (24, 40, 20),
+        "quantize_fp8": (6, 40), "fp8_matmul": (24, 24, 40)}     # fp8_matmul: M = N, for the row/column mutant
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding
                "adamw": dict(steps=3, lr=0.3, weight_decay=0.5),
-               "matmul": dict(activation="gelu", bias=True), "swiglu": dict(activation="silu", bias=True)}
+               "matmul": dict(activation="gelu", bias=True), "swiglu": dict(activation="silu", bias=True),
+               "quantize_fp8": dict(fmt="e4m3fn", granularity="row"),
+               "fp8_matmul": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True)}
 
 
 def _mutant_params():
