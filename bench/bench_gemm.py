@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -91,6 +92,35 @@ def sweep_bandwidth(rows_out):
     activations._TILE, embedding._TILE = 4096, 4096
     del y, tables
     torch.cuda.empty_cache()
+
+
+def sweep_fp8(rows_out):
+    """Tiles of fp8_matmul's TMA path (e4m3, rowwise scales, bf16 out)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    from kernels import fp8
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for M, K, N in GEMM_SHAPES[::2]:
+        a = torch.randn(M, K, device="cuda", generator=g).to(torch.float8_e4m3fn)
+        b = torch.randn(N, K, device="cuda", generator=g).to(torch.float8_e4m3fn)
+        sa, sb = torch.rand(M, device="cuda", generator=g) + 0.5, torch.rand(N, device="cuda", generator=g) + 0.5
+        y = torch.empty(M, N, device="cuda", dtype=DT)
+        for bm, bn, bk, warps, stages in [(128, 256, 128, 8, 3), (128, 128, 128, 8, 4), (256, 128, 128, 8, 3),
+                                          (128, 256, 64, 8, 4), (128, 128, 128, 4, 4)]:
+            def launch():
+                ad = TensorDescriptor.from_tensor(a, [bm, bk])
+                bd = TensorDescriptor.from_tensor(b, [bn, bk])
+                yd = TensorDescriptor.from_tensor(y, [bm, bn])
+                progs = fp8._programs(a.device, triton.cdiv(M, bm) * triton.cdiv(N, bn))
+                fp8._fp8_matmul_tma_kernel[(progs,)](ad, bd, sa, sb, sa, yd, M, N, K, 1, 1, 0, HAS_BIAS=False,
+                                                     NUM_PROGRAMS=progs, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                                     GROUP_M=8, num_warps=warps, num_stages=stages)
+            label = f"sweep fp8 {M}x{K}x{N} {bm}x{bn}x{bk} w{warps} s{stages}"
+            ms = attempt(label, lambda: bench(launch))
+            rows_out.append({"op": "fp8_matmul", "M": M, "K": K, "N": N, "config": [bm, bn, bk, warps, stages],
+                             "ms": ms, "tflops": tflops(2 * M * N * K, ms) if ms else None})
+            print(label, f"{rows_out[-1]['tflops']:.0f} TFLOP/s" if ms else "failed", flush=True)
+        del a, b, y
+        torch.cuda.empty_cache()
 
 
 def gemm_rows():
@@ -206,8 +236,8 @@ def main():
     only = set(args.only.split(","))
     sweep_rows = []
     if args.sweep:
-        sweep_bandwidth(sweep_rows)
         sweep(sweep_rows)
+        sweep_fp8(sweep_rows)
     copy = copy_ceiling()
     rows = (gemm_rows() if "gemm" in only else []) + (fp8_rows() if "fp8" in only else []) + \
         (bandwidth_rows(copy) if "bandwidth" in only else [])

@@ -31,9 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._device import gemm_tile, load_tile
+from kernels._device import gemm_tile, grouped_tile, load_tile
 from kernels._launch import _fmt_dtype, check_same_device, check_same_dtype, check_tensor, new_out, row_tile
-from kernels.gemm import _check_bias, _fit_strides, _SHARED_BYTES
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels.gemm import _check_bias, _fit_strides, _programs, _SHARED_BYTES, _tma_aligned
 
 # torch dtype -> (name, largest finite value, mantissa bits, exponent bias, fp32 bit pattern of
 # the largest value)
@@ -161,6 +163,34 @@ def _fp8_matmul_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, y_ptr, M, N, K,
     tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _fp8_matmul_tma_kernel(a_desc, b_desc, sa_ptr, sb_ptr, bias_ptr, y_desc, M, N, K, ssa, ssb, sbias,
+                           HAS_BIAS: tl.constexpr, NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """The same GEMM for row-major operands with 16-byte aligned rows: persistent (one program
+    per SM walks the output tiles in grouped order), tiles moved by TMA descriptors, which read
+    zeros past M, N and K and store only the part of a tile inside y (kernels/gemm.py's TMA
+    path, with the scales in the epilogue)."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k in range(0, k_tiles):
+            a = a_desc.load([off_m, k * BLOCK_K])
+            b = b_desc.load([off_n, k * BLOCK_K])
+            acc = tl.dot(a, b.T, acc, max_num_imprecise_acc=BLOCK_K)
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        acc = acc * tl.load(sa_ptr + rows * ssa, mask=rows < M, other=1.0)[:, None]
+        acc = acc * tl.load(sb_ptr + cols * ssb, mask=cols < N, other=1.0)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols * sbias, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+
+
 # ---------------------------------------------------------------------------------------------
 # Launchers
 # ---------------------------------------------------------------------------------------------
@@ -273,6 +303,27 @@ def _mm_config(M, N, K, block_m, block_n, block_k, group_m):
                 num_warps=8 if bm * bn >= 128 * 64 else 4, num_stages=stages)
 
 
+def _tma_config(M, N, K, out_size, block_m, block_n, block_k, group_m):
+    """The TMA path's tiles: 128 x 256 x 128, 8 warps, 3 stages for large problems (bf16 GEMM's
+    best shape on the H200, K doubled for 1-byte operands), clipped to small ones; shared memory
+    holds the stages of a and b tiles and y's tile."""
+    base = _mm_config(M, N, K, block_m, block_n, block_k, group_m)     # checks the arguments
+    bm = base["BLOCK_M"]
+    bn = block_n or min(256, max(16, triton.next_power_of_2(N)))
+    bk = base["BLOCK_K"]
+    stages = 3
+
+    def shared(bk, stages):
+        return stages * (bm + bn) * bk + bm * bn * out_size
+
+    while shared(bk, stages) > _SHARED_BYTES and stages > 2:
+        stages -= 1
+    while shared(bk, stages) > _SHARED_BYTES and bk > 32 and block_k is None:
+        bk //= 2
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=base["GROUP_M"],
+                num_warps=8 if bm * bn >= 128 * 64 else 4, num_stages=stages)
+
+
 def fp8_matmul(a8: torch.Tensor, b8: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16, *,
                out: torch.Tensor | None = None, block_m: int | None = None, block_n: int | None = None,
@@ -298,6 +349,16 @@ def fp8_matmul(a8: torch.Tensor, b8: torch.Tensor, scale_a: torch.Tensor, scale_
     out = new_out(out, (M, N), out_dtype, a8.device)
     cfg = _mm_config(M, N, K, block_m, block_n, block_k, group_m)
     if out.numel() == 0:
+        return out
+    if _tma_aligned([a8, b8, out]):
+        cfg = _tma_config(M, N, K, out.element_size(), block_m, block_n, block_k, group_m)
+        a_d = TensorDescriptor.from_tensor(a8, [cfg["BLOCK_M"], cfg["BLOCK_K"]])
+        b_d = TensorDescriptor.from_tensor(b8, [cfg["BLOCK_N"], cfg["BLOCK_K"]])
+        y_d = TensorDescriptor.from_tensor(out, [cfg["BLOCK_M"], cfg["BLOCK_N"]])
+        programs = _programs(a8.device, triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]))
+        _fp8_matmul_tma_kernel[(programs,)](
+            a_d, b_d, scale_a, scale_b, bias if bias is not None else scale_a, y_d, M, N, K, ssa, ssb,
+            bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, NUM_PROGRAMS=programs, **cfg)
         return out
     a8 = _fit_strides(a8, cfg["BLOCK_K"])
     b8 = _fit_strides(b8, cfg["BLOCK_K"])

@@ -197,16 +197,21 @@ def _fit_strides(t, bk):
     return t.contiguous() if bk * abs(t.stride(1)) >= 2**31 else t
 
 
-def _tma_eligible(tensors) -> bool:
-    """TMA descriptors take 16-bit row-major tensors whose base and row stride are 16-byte
-    aligned and whose rows do not overlap, on a Hopper-class GPU (or the interpreter)."""
+def _tma_aligned(tensors) -> bool:
+    """TMA descriptors take row-major tensors whose base and row stride are 16-byte aligned and
+    whose rows do not overlap, on a Hopper-class GPU (or the interpreter)."""
     for t in tensors:
-        if t.element_size() != 2 or t.stride(1) != 1 or t.stride(0) < t.shape[1]:
+        if t.stride(1) != 1 or t.stride(0) < t.shape[1]:
             return False
-        if (t.stride(0) * 2) % 16 or t.data_ptr() % 16:
+        if (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
             return False
     dev = tensors[0].device
     return interpreting() or (dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9)
+
+
+def _tma_eligible(tensors) -> bool:
+    """The 16-bit GEMM's TMA path (fp32 keeps the pointer kernel's true fp32 products)."""
+    return all(t.element_size() == 2 for t in tensors) and _tma_aligned(tensors)
 
 
 def _tma_config(M, N, K, n_weights, block_m, block_n, block_k, group_m):

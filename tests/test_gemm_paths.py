@@ -42,3 +42,23 @@ def test_swiglu_paths_agree(backend, monkeypatch):
     y_ptr = kernels.swiglu(x[:, :48], wg.t().contiguous().t(), wu, block_m=16, block_n=16, block_k=16)
     assert taken == ["_launch_tma", "_launch"]
     torch.testing.assert_close(y_tma, y_ptr, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.op("fp8_matmul")
+def test_fp8_paths_agree(backend, monkeypatch):
+    from kernels import fp8
+    dev = backend.device
+    g = torch.Generator().manual_seed(2)
+    a8 = torch.randn(21, 64, generator=g).to(torch.float8_e4m3fn).to(dev)
+    b8 = torch.randn(40, 64, generator=g).to(torch.float8_e4m3fn).to(dev)
+    sa = (torch.rand(21, generator=g) + 0.5).to(dev)
+    sb = (torch.rand(40, generator=g) + 0.5).to(dev)
+    taken = []
+    real = fp8._fp8_matmul_tma_kernel
+    monkeypatch.setattr(fp8, "_fp8_matmul_tma_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: (taken.append("tma"), real[grid])[1]})())
+    y_tma = kernels.fp8_matmul(a8, b8, sa, sb, None, torch.float32, block_m=16, block_n=16, block_k=32)
+    y_ptr = kernels.fp8_matmul(a8, b8.t().contiguous().t(), sa, sb, None, torch.float32,
+                               block_m=16, block_n=16, block_k=32)
+    assert taken == ["tma"]
+    torch.testing.assert_close(y_tma, y_ptr, atol=1e-5, rtol=1e-5)
