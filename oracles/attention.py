@@ -125,3 +125,33 @@ def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None)
                 k, v = kc[blocks, pos % block_size], vc[blocks, pos % block_size]
             out[b] = _sequence(qn[b][None], k, v, False, scale)[0][0]
     return tensor(out)
+
+
+def lse_magnitude(q, k, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """Per query row (shaped like flash_attention's lse): scale * max over the visible keys j of
+    sum_d |q_d| |k_jd|, the magnitude the rounding of a row's scores is relative to. lse moves
+    by at most the largest score error, so its rtol is relative to max(|lse|, this) (a row of
+    huge scores can cancel to a small lse while its scores still round at their own size)."""
+    scale = _default_scale(q, scale)
+    qn, kn = np.abs(f64(q)), np.abs(f64(k))
+
+    def seq(qs, ks):                     # qs [Tq, Hq, D], ks [Tk, Hkv, D] -> [Hq, Tq]
+        Tq, Hq, _ = qs.shape
+        group = Hq // max(ks.shape[1], 1)
+        visible = _visible(Tq, ks.shape[0], causal)
+        out = np.zeros((Hq, Tq))
+        for h in range(Hq):
+            a = np.where(visible, qs[:, h] @ ks[:, h // group].T, -np.inf) * scale
+            out[h] = np.where(visible.any(axis=-1), np.max(a, axis=-1, initial=-np.inf), 0.0)
+        return out
+
+    with np.errstate(all="ignore"):
+        if cu_seqlens_q is None:
+            return tensor(np.stack([seq(qn[b], kn[b]) for b in range(qn.shape[0])]) if qn.shape[0]
+                          else np.zeros((0, qn.shape[2], qn.shape[1])))
+        cq = cu_seqlens_q.detach().cpu().tolist()
+        ck = cu_seqlens_k.detach().cpu().tolist()
+        out = np.zeros((qn.shape[1], qn.shape[0]))
+        for b in range(len(cq) - 1):
+            out[:, cq[b]:cq[b + 1]] = seq(qn[cq[b]:cq[b + 1]], kn[ck[b]:ck[b + 1]])
+        return tensor(out)

@@ -85,6 +85,16 @@ class FlashAttention(Op):
     def oracle(self, inp):
         return oracles.flash_attention(*self._args(inp))
 
+    def error_scale(self, inp, expected):
+        """out: |out|. lse: max(|lse|, scale * max_visible_j sum_d |q_d| |k_jd|): lse moves by
+        at most its row's largest score error, and a score rounds relative to that sum, however
+        far the row's lse cancels below it (the H200 measured 1.8e-5 relative on an lse of
+        -2.1e27 from 'large' inputs, seed 2)."""
+        from oracles.attention import lse_magnitude
+        mag = lse_magnitude(inp["q"], inp["k"], inp["causal"], inp["scale"], inp["cu_seqlens_q"], inp["cu_seqlens_k"])
+        mag = torch.nan_to_num(mag, nan=0.0).to(expected[1].dtype).reshape(expected[1].shape)   # NaN rows: |lse| rules
+        return None, torch.maximum(expected[1].abs(), mag)
+
     def cases(self, dtype, size, config):
         @st.composite
         def draw_case(draw):
