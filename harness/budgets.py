@@ -13,6 +13,11 @@ Layout of the file:
     rtol = 1.2e-2
     reason = "why this backend differs"
 
+    [fp8_matmul.bfloat16.sqnr]     # optional, FP8 ops: SQNR floors in dB per fp8 format
+    e4m3fn = 25.0                  # end to end (quantize + op) against the unquantized float64
+    e5m2 = 19.0                    # result; a backend override keeps them
+    reason = "measured how"
+
 The regression gate (`--baseline`, harness/baseline.py) reads two top-level settings, which
 must stand before the first table, and one per-op override:
 
@@ -21,11 +26,6 @@ must stand before the first table, and one per-op override:
 
     [softmax]
     baseline_growth = 3.0          # this op's own growth limit
-
-    [fp8_matmul.bfloat16.sqnr]     # optional, FP8 ops: SQNR floors in dB per fp8 format
-    e4m3fn = 25.0                  # end to end (quantize + op) against the unquantized float64
-    e5m2 = 19.0                    # result; a backend override keeps them
-    reason = "measured how"
 
 Any unknown op, dtype or key, a missing budget, or a value that is not a finite number >= 0
 is an error that names the file, the table and the key.
