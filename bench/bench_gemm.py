@@ -130,6 +130,11 @@ def gemm_rows():
     def unfused_swiglu(x, wg, wu):
         return F.silu(F.linear(x, wg)) * F.linear(x, wu)
     compiled_swiglu = torch.compile(unfused_swiglu)
+
+    def merged_swiglu(x, w_both):
+        gate, up = F.linear(x, w_both).chunk(2, dim=-1)
+        return F.silu(gate) * up
+    compiled_merged = torch.compile(merged_swiglu)
     rows = []
     for M, K, N in GEMM_SHAPES:
         a, w, b = linear_operands(M, K, N, g)
@@ -142,15 +147,25 @@ def gemm_rows():
         rows.append(row)
         print(row, flush=True)
         if N != 4096:
-            w2 = rand(N, K, g=g, scale=K ** -0.5)
-            row = {"op": "swiglu (silu)", "shape": f"M{M} K{K} N{N}", "unit": "TFLOP/s"}
-            for peer, fn in (("ours", lambda: kernels.swiglu(a, w, w2)), ("eager", lambda: unfused_swiglu(a, w, w2)),
-                             ("torch.compile", lambda: compiled_swiglu(a, w, w2))):
-                ms = attempt(f"swiglu {M}x{K}x{N} {peer}", lambda: bench(fn))
-                row[peer] = tflops(2 * flops, ms) if ms else None
-            rows.append(row)
-            print(row, flush=True)
-            del w2
+            w_both = torch.cat([w, rand(N, K, g=g, scale=K ** -0.5)])      # a merged gate_up weight [2N, K]
+            wg, wu = w_both[:N], w_both[N:]
+            w2 = wu.clone()
+            # Separate weights (the pointer kernel) and the halves of one merged weight (the TMA
+            # path, one accumulator); the peers get the same tensors.
+            for label, gate, up in (("separate weights", w, w2), ("merged gate_up weight", wg, wu)):
+                row = {"op": f"swiglu (silu), {label}", "shape": f"M{M} K{K} N{N}", "unit": "TFLOP/s"}
+                for peer, fn in (("ours", lambda: kernels.swiglu(a, gate, up)),
+                                 ("eager", lambda: unfused_swiglu(a, gate, up)),
+                                 ("torch.compile", lambda: compiled_swiglu(a, gate, up))):
+                    ms = attempt(f"swiglu {label} {M}x{K}x{N} {peer}", lambda: bench(fn))
+                    row[peer] = tflops(2 * flops, ms) if ms else None
+                if gate is wg:
+                    ms = attempt(f"swiglu merged {M}x{K}x{N} compile one GEMM",
+                                 lambda: bench(lambda: compiled_merged(a, w_both)))
+                    row["torch.compile one GEMM + split"] = tflops(2 * flops, ms) if ms else None
+                rows.append(row)
+                print(row, flush=True)
+            del w2, w_both, wg, wu
         del a, w, b
         torch.cuda.empty_cache()
     return rows
@@ -195,16 +210,18 @@ def bandwidth_rows(copy):
     b = rand(16384, g=g)
     nbytes = 2 * y.numel() * y.element_size()
 
-    def eager(y, b):
-        return F.gelu(y + b)
+    def eager(y, b, approximate):
+        return F.gelu(y + b, approximate=approximate)
     compiled = torch.compile(eager)
-    row = {"op": "bias_gelu (erf)", "shape": "32768 x 16384", "unit": "GB/s"}
-    for peer, fn in (("ours", lambda: kernels.bias_gelu(y, b)), ("eager", lambda: eager(y, b)),
-                     ("torch.compile", lambda: compiled(y, b))):
-        ms = attempt(f"bias_gelu {peer}", lambda: bench(fn))
-        row[peer] = gbps(nbytes, ms) if ms else None
-    rows.append(row)
-    print(row, flush=True)
+    for approximate, label in (("none", "erf"), ("tanh", "tanh")):
+        row = {"op": f"bias_gelu ({label})", "shape": "32768 x 16384", "unit": "GB/s"}
+        for peer, fn in (("ours", lambda: kernels.bias_gelu(y, b, approximate)),
+                         ("eager", lambda: eager(y, b, approximate)),
+                         ("torch.compile", lambda: compiled(y, b, approximate))):
+            ms = attempt(f"bias_gelu {label} {peer}", lambda: bench(fn))
+            row[peer] = gbps(nbytes, ms) if ms else None
+        rows.append(row)
+        print(row, flush=True)
     del y
     # Embedding: 32768 ids into a [151936, H] table (Qwen2's vocab), H 1536 and 4096.
     for H in (1536, 4096):
@@ -254,7 +271,7 @@ def main():
              "| op | shape | unit | ours | peers | ours / best peer |", "|---|---|---|---|---|---|"]
     for r in rows:
         peers = {k: v for k, v in r.items() if k not in ("op", "shape", "unit", "ours", "ours % of copy")}
-        best = max((v for v in peers.values() if v), default=None)
+        best = max((v for k, v in peers.items() if v and not k.startswith("ours")), default=None)
         peer_txt = ", ".join(f"{k} {f(v)}" for k, v in peers.items())
         ours = f(r.get("ours")) + (f" ({r['ours % of copy']:.0f}% of copy)" if r.get("ours % of copy") else "")
         vs = f"{r['ours'] / best:.2f}x" if r.get("ours") and best else "-"

@@ -8,10 +8,12 @@ activation and (SwiGLU) the gate * up product are applied in registers and y is 
 rounded to the input dtype. Programs are ordered in groups of GROUP_M row tiles so that the
 tiles running at the same time share their weight columns in L2.
 
-Two paths, one result: matmul's fp16/bf16 operands that are row-major with 16-byte aligned
-rows (the usual case) go to a persistent kernel fed by TMA descriptors; anything else (fp32,
-transposed or sliced weights, odd K) and SwiGLU to the pointer kernel, which takes any strides.
-The tests reach both: contiguous cases take the first, the other layouts and fp32 the second.
+Two paths, one result: fp16/bf16 operands that are row-major with 16-byte aligned rows (the
+usual case) go to a persistent kernel fed by TMA descriptors; anything else (fp32, transposed or
+sliced weights, odd K) to the pointer kernel, which takes any strides. SwiGLU takes the TMA path
+when its two weights are the halves of one [2N, K] tensor (a merged gate_up projection), where
+one accumulator covers both; two separate weights keep the pointer kernel. The tests reach
+every path: contiguous cases (merged or not) and the other layouts and fp32.
 """
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ def _gemm_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, M, N, K,
 
 
 @triton.jit
-def _gemm_tma_kernel(a_desc, w_desc, w2_desc, b_ptr, b2_ptr, y_desc, M, N, K, sb, sb2,
+def _gemm_tma_kernel(a_desc, w_desc, b_ptr, b2_ptr, y_desc, M, N, K, sb, sb2,
                      ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS2: tl.constexpr, GATED: tl.constexpr,
                      NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
@@ -84,30 +86,41 @@ def _gemm_tma_kernel(a_desc, w_desc, w2_desc, b_ptr, b2_ptr, y_desc, M, N, K, sb
     programs, one per SM, walk the output tiles in grouped order) with tiles moved by TMA
     descriptors. A descriptor reads zeros past the end of M, N and K and its store writes only
     the part of a tile inside y, so no masks are needed (H200: 0.96-1.01x cuBLAS against 0.81x
-    for one program per tile with pointer loads, bench/NOTES.md)."""
+    for one program per tile with pointer loads, bench/NOTES.md).
+
+    GATED (SwiGLU): w_desc is a 3-D descriptor over the two weights as [2, N, K] (gate, up).
+    One [2, BLOCK_N, BLOCK_K] box is one operand of 2 BLOCK_N rows, so a single
+    BLOCK_M x 2 BLOCK_N accumulator holds the gate and up tiles side by side; they are split
+    in registers for the epilogue. (Two accumulators with two dots per K step ran 0.82x of
+    this on the H200.)"""
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if GATED:
-            acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k in range(0, k_tiles):
-            a = a_desc.load([off_m, k * BLOCK_K])
-            acc = tl.dot(a, w_desc.load([off_n, k * BLOCK_K]).T, acc)
-            if GATED:
-                acc2 = tl.dot(a, w2_desc.load([off_n, k * BLOCK_K]).T, acc2)
         cols = off_n + tl.arange(0, BLOCK_N)
         col_ok = cols < N
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + cols * sb, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        y = activate(acc, ACT)
         if GATED:
+            acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+            for k in range(0, k_tiles):
+                a = a_desc.load([off_m, k * BLOCK_K])
+                w = w_desc.load([0, off_n, k * BLOCK_K]).reshape(2 * BLOCK_N, BLOCK_K)
+                acc = tl.dot(a, w.T, acc)
+            gate, up = acc.reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1).split()
+            if HAS_BIAS:
+                gate += tl.load(b_ptr + cols * sb, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             if HAS_BIAS2:
-                acc2 += tl.load(b2_ptr + cols * sb2, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            y = y * acc2
+                up += tl.load(b2_ptr + cols * sb2, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            y = activate(gate, ACT) * up
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k in range(0, k_tiles):
+                a = a_desc.load([off_m, k * BLOCK_K])
+                acc = tl.dot(a, w_desc.load([off_n, k * BLOCK_K]).T, acc)
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + cols * sb, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            y = activate(acc, ACT)
         y_desc.store([off_m, off_n], y.to(y_desc.dtype))
 
 
@@ -215,15 +228,17 @@ def _tma_eligible(tensors) -> bool:
 
 
 def _tma_config(M, N, K, n_weights, block_m, block_n, block_k, group_m):
-    """Persistent TMA tiles from the H200 sweep (bench/bench_gemm.py --sweep): 128 x 256 x 64,
-    8 warps, 3 stages for one weight, 128 x 128 per weight for two; clipped to small problems;
-    explicit arguments win. Shared memory holds the stages of a and weight tiles and y's tile."""
+    """Persistent TMA tiles from the H200 sweeps (bench/bench_gemm.py --sweep,
+    bench/explore_gemm_family.py): 128 x 256 x 64, 8 warps, 3 stages for one weight; for
+    SwiGLU's two, 128 x 128 per weight (one 128 x 256 accumulator) with 4 stages (661 TFLOP/s
+    at M 32768 K 4096 N 14336 against 610 with 3); clipped to small problems; explicit
+    arguments win. Shared memory holds the stages of a and weight tiles and y's tile."""
     for name, v in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
         _check_block(name, v)
     bm = block_m or min(128, max(16, triton.next_power_of_2(M)))
     bn = block_n or min(256 // n_weights, max(16, triton.next_power_of_2(N)))
     bk = block_k or min(64, max(16, triton.next_power_of_2(max(K, 1))))
-    stages = 3
+    stages = 3 if n_weights == 1 else 4
 
     def shared(bk, stages):
         return (stages * (bm + n_weights * bn) * bk + bm * bn) * 2
@@ -247,17 +262,34 @@ def _programs(device, tiles):
     return min(tiles, _SM_COUNT[device])
 
 
-def _launch_tma(x2, weights, biases, out2, activation, cfg, gated):
+def _merged_weights(w_gate, w_up):
+    """The two SwiGLU weights as one [2, N, K] view, when they are the halves of one
+    row-major tensor ([w_gate; w_up], as a merged gate_up projection stores them: the up rows
+    start a 16-byte multiple after the gate rows, without overlap); else None."""
+    N, K = w_gate.shape
+    if w_gate.stride() != (K, 1) or w_up.stride() != (K, 1) or N == 0:
+        return None
+    if w_gate.untyped_storage().data_ptr() != w_up.untyped_storage().data_ptr():
+        return None
+    gap = w_up.storage_offset() - w_gate.storage_offset()
+    if gap < N * K or (gap * w_gate.element_size()) % 16:
+        return None
+    return w_gate.as_strided((2, N, K), (gap, K, 1))
+
+
+def _launch_tma(x2, w, biases, out2, activation, cfg, gated):
+    """w: the [N, K] weight, or for SwiGLU the [2, N, K] view of both (_merged_weights)."""
     M, K = x2.shape
-    N = weights[0].shape[0]
+    N = w.shape[-2]
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     a_d = TensorDescriptor.from_tensor(x2, [bm, bk])
-    w_ds = [TensorDescriptor.from_tensor(w, [bn, bk]) for w in weights]
+    w_d = (TensorDescriptor(w, list(w.shape), list(w.stride()), [2, bn, bk]) if gated
+           else TensorDescriptor.from_tensor(w, [bn, bk]))
     y_d = TensorDescriptor.from_tensor(out2, [bm, bn])
     b, b2 = biases
     programs = _programs(x2.device, triton.cdiv(M, bm) * triton.cdiv(N, bn))
     _gemm_tma_kernel[(programs,)](
-        a_d, w_ds[0], w_ds[-1], b if b is not None else out2, b2 if b2 is not None else out2, y_d, M, N, K,
+        a_d, w_d, b if b is not None else out2, b2 if b2 is not None else out2, y_d, M, N, K,
         b.stride(0) if b is not None else 0, b2.stride(0) if b2 is not None else 0,
         ACT=activation, HAS_BIAS=b is not None, HAS_BIAS2=b2 is not None, GATED=gated,
         NUM_PROGRAMS=programs, **cfg)
@@ -267,11 +299,13 @@ def _run(x2, weights, biases, out2, activation, gated, block_m, block_n, block_k
     """The TMA path where the operands allow it, else pointer loads (any strides, fp32)."""
     M, K = x2.shape
     N = weights[0].shape[0]
-    # SwiGLU stays on the pointer kernel: its two accumulators ran 545 TFLOP/s on the TMA path
-    # against 580-597 with pointer loads (H200 sweep).
-    if not gated and _tma_eligible([x2, *weights, out2]):
+    # SwiGLU takes the TMA path only with merged weights (one accumulator over both): two
+    # separate weights on TMA, with two accumulators, ran 545 TFLOP/s against 580-597 for
+    # the pointer kernel (H200 sweep), which keeps that case.
+    w_tma = _merged_weights(*weights) if gated else weights[0]
+    if w_tma is not None and _tma_eligible([x2, *weights, out2]):
         cfg = _tma_config(M, N, K, len(weights), block_m, block_n, block_k, group_m)
-        _launch_tma(x2, weights, biases, out2, activation, cfg, gated)
+        _launch_tma(x2, w_tma, biases, out2, activation, cfg, gated)
     else:
         cfg = _config(M, N, K, x2.element_size(), len(weights), block_m, block_n, block_k, group_m)
         _launch(x2, weights, biases, out2, activation, cfg, gated)
@@ -321,7 +355,11 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: to
     """act(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up): x [..., K], w_gate and w_up [N, K],
     biases [N] or None -> [..., N]. Both projections share each loaded tile of x, accumulate
     in fp32 side by side, and meet in registers; y is written once. activation: silu, gelu,
-    gelu_tanh."""
+    gelu_tanh.
+
+    Fast path: store the weights as one [2N, K] tensor w (gate rows, then up rows) and pass
+    w[:N], w[N:] (H200: 1.04-1.05x torch.compile of the unfused expression, against
+    0.85-0.87x for two separate weights; bench/NOTES.md)."""
     x2 = _rows("x", x)
     K = x.shape[-1]
     _check_weight("w_gate", w_gate, K)

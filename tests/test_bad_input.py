@@ -267,28 +267,33 @@ def test_empty_input_gives_empty_output(op, call, dev):
 
 @pytest.mark.op("embedding")
 def test_embedding_bad_id_is_refused_not_read(dev):
-    """An id past the table is refused before any launch and leaves out= untouched (no wrong
-    answer, no read of memory past the table)."""
+    """An id past the table is refused with an error naming ids, their range and how many are
+    bad. The check is fused into the kernel, which has written out= by then: the bad id's row
+    as NaN (no read of memory past the table), the others exact."""
     table = T(4, 8, device=dev)
     out = torch.full((3, 8), 7.0, device=dev)
-    for bad in ([0, 4, 1], [-1, 0, 1], [0, 1, 2**40]):
-        with pytest.raises(ValueError, match="^ids: expected ids in \\[0, 4\\)"):
+    for bad, n_bad in (([0, 4, 1], 1), ([-1, 0, -3], 2), ([0, 1, 2**40], 1)):
+        with pytest.raises(ValueError, match=f"^ids: expected ids in \\[0, 4\\).* got {n_bad} outside it"):
             kernels.embedding(torch.tensor(bad, device=dev), table, out=out)
-    assert bool((out == 7.0).all())
+        for row, i in zip(out, bad):
+            assert bool(row.isnan().all()) if not 0 <= i < 4 else torch.equal(row, table[i])
 
 
 @pytest.mark.op("embedding")
-def test_embedding_kernel_masks_ids_the_host_check_would_refuse(dev):
+def test_embedding_kernel_masks_and_counts_bad_ids(dev):
     """Defence in depth: launched directly with ids outside [0, V), the kernel reads nothing
-    outside the table (the interpreter's out-of-bounds guard is on) and writes NaN rows, never
-    another row."""
+    outside the table (the interpreter's out-of-bounds guard is on), writes NaN rows, never
+    another row, and counts each bad id once (two feature blocks here)."""
     from kernels.embedding import _embedding_kernel
     table = T(4, 8, device=dev)
     ids = torch.tensor([2, 4, -1, 1 << 40], device=dev)
     out = torch.zeros(4, 8, device=dev)
-    _embedding_kernel[(1, 1)](ids, table, out, 4, 4, 8, 1, table.stride(0), table.stride(1), BLOCK_T=4, BLOCK_H=8)
+    bad = torch.zeros(1, dtype=torch.int32, device=dev)
+    _embedding_kernel[(1, 2)](ids, table, out, bad, 4, 4, 8, 1, table.stride(0), table.stride(1), COUNT_BAD=True,
+                              BLOCK_T=4, BLOCK_H=4)
     assert torch.equal(out[0], table[2])
     assert bool(out[1:].isnan().all())
+    assert int(bad.item()) == 3
 
 
 @pytest.mark.op("embedding")

@@ -32,16 +32,34 @@ def test_layout_chooses_the_path_and_both_paths_agree(backend, monkeypatch):
 
 
 @pytest.mark.op("swiglu")
-def test_swiglu_takes_the_pointer_kernel_for_every_layout(backend, monkeypatch):
+def test_swiglu_takes_tma_only_with_merged_weights_and_the_paths_agree(backend, monkeypatch):
     dev = backend.device
     g = torch.Generator().manual_seed(1)
     x = torch.randn(19, 48, generator=g).half().to(dev)
-    wg, wu = (torch.randn(24, 48, generator=g).half().to(dev) for _ in range(2))
+    both = torch.randn(48, 48, generator=g).half().to(dev)      # [w_gate; w_up], N = 24
+    wg, wu = both[:24], both[24:]
+    bg, bu = (torch.randn(24, generator=g).half().to(dev) for _ in range(2))
     taken = _spy(monkeypatch)
-    y_tma = kernels.swiglu(x, wg, wu, block_m=16, block_n=16, block_k=16)
-    y_ptr = kernels.swiglu(x[:, :48], wg.t().contiguous().t(), wu, block_m=16, block_n=16, block_k=16)
-    assert taken == ["_launch", "_launch"]       # SwiGLU: the pointer kernel (faster, bench/NOTES.md)
-    torch.testing.assert_close(y_tma, y_ptr, atol=1e-3, rtol=1e-3)
+    y_merged = kernels.swiglu(x, wg, wu, bg, bu, block_m=16, block_n=16, block_k=16)
+    y_apart = kernels.swiglu(x, wg.clone(), wu.clone(), bg, bu, block_m=16, block_n=16, block_k=16)
+    y_swapped = kernels.swiglu(x, wu, wg, bu, bg, block_m=16, block_n=16, block_k=16)   # up before gate: not merged
+    y_strided = kernels.swiglu(x, wg.t().contiguous().t(), wu, bg, bu, block_m=16, block_n=16, block_k=16)
+    assert taken == ["_launch_tma", "_launch", "_launch", "_launch"]
+    torch.testing.assert_close(y_merged, y_apart, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(y_merged, y_strided, atol=1e-3, rtol=1e-3)
+    assert not torch.allclose(y_swapped, y_merged, atol=1e-2)    # gate and up do not commute
+
+
+def test_merged_weights_are_recognised_exactly():
+    both = torch.zeros(2 * 24 + 8, 40, dtype=torch.float16)
+    assert gemm._merged_weights(both[:24], both[24:48]).shape == (2, 24, 40)
+    assert gemm._merged_weights(both[:24], both[32:56]).stride() == (32 * 40, 40, 1)   # a gap is fine
+    assert gemm._merged_weights(both[24:48], both[:24]) is None          # up before gate
+    assert gemm._merged_weights(both[:24], both[12:36]) is None          # overlapping rows
+    assert gemm._merged_weights(both[:24], both[24:48].clone()) is None  # two tensors
+    odd = torch.zeros(46, 3, dtype=torch.float16)                        # 23 rows of 3 x 2 bytes
+    assert gemm._merged_weights(odd[:23], odd[23:]) is None              # gap not a 16-byte multiple
+    assert gemm._merged_weights(both[:24, :20], both[24:48, :20]) is None  # sliced rows
 
 
 @pytest.mark.op("fp8_matmul")

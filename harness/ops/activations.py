@@ -8,7 +8,7 @@ import oracles
 import references
 from harness.cases import Case, make_input, make_param
 from harness.op import Op
-from harness.strategies import CATALOGUE_DIMS, feature_dims, layouts, lead_shapes, regimes, row_budget, seeds
+from harness.strategies import feature_dims, layouts, lead_shapes, regimes, row_budget, seeds
 
 GELU_REGIMES = ("normal", "large", "tiny", "small", "offset", "outlier", "nonfinite")
 TILE = 16   # column block of the "tiled" config: several column programs on small shapes
@@ -60,6 +60,11 @@ class BiasGelu(Op):
         out += [case((2, d), config="tiled", seed=d) for d in (TILE - 1, TILE, TILE + 1, 4 * TILE + 1)]
         out += [case((4, 3, 65), layout=lay, seed=3) for lay in ("transposed", "permuted", "sliced", "broadcast", "offset")]
         out += [case((2, 3, 2, 2, 17), layout="permuted")]      # 4 unmergeable leading dims: copied
+        # Whole tiles only (the unmasked path), contiguous and strided, both forms: 32 x 128 and
+        # 64 x 64 tile exactly for erf, 4 x 2 x 128 for tanh (twice the rows a tile).
+        out += [case(s, seed=13, approximate=a, layout=lay) for s, a in (((32, 128), "none"), ((64, 64), "none"),
+                                                                         ((4, 16, 128), "tanh"))
+                for lay in ("contiguous", "transposed")]
         # Every value regime in both forms.
         for approx in ("none", "tanh"):
             out += [case((4, 129), values=v, seed=7, approximate=approx) for v in GELU_REGIMES if v != "normal"]

@@ -69,10 +69,15 @@ class GemmOp(Op):
             rows = max(1, min(MAX_ROWS[size], MAX_MACS[size] // (N * K)))
             lead = draw(lead_shapes(rows, max_dims=2))
             params = {"activation": draw(st.sampled_from(self.activations)), "bias": draw(st.booleans())}
-            return Case.make(self.name, dtype, (*lead, N, K), layout=draw(layouts(exclude=("bhtd",))),
-                             values=draw(regimes(self.name, dtype, config, GEMM_REGIMES)), seed=draw(seeds()),
+            layout = draw(layouts(exclude=("bhtd",)))
+            values, seed = draw(regimes(self.name, dtype, config, GEMM_REGIMES)), draw(seeds())
+            params.update(self.extra_params(draw, layout))     # drawn last: earlier draws stay put
+            return Case.make(self.name, dtype, (*lead, N, K), layout=layout, values=values, seed=seed,
                              config=config, **params)
         return draw_case()
+
+    def extra_params(self, draw, layout) -> dict:
+        return {}
 
     def pinned(self, dtype):
         acts = self.activations
@@ -147,8 +152,27 @@ class SwiGLU(GemmOp):
     # oracle's tiny gate gives inf. Non-finite x is checked (both projections go non-finite).
     nonfinite_weights = False
 
+    def extra_params(self, draw, layout) -> dict:
+        # merged: the weights are the halves of one [2N, K] tensor (the kernel's TMA path).
+        return {"merged": draw(st.booleans())} if layout == "contiguous" else {}
+
+    def pinned(self, dtype):
+        out = super().pinned(dtype)
+        # Merged weights (the TMA path): tiles +-1, odd sizes, a long K, every activation,
+        # biases on and off.
+        shapes = [(15, 16, 16), (17, 17, 17), (33, 31, 47), (1, 65, 64), (63, 127, 129), (1, 37, 1001),
+                  (3, 5, 7, 33)]
+        out += [Case.make(self.name, dtype, shape, seed=70 + i, merged=True, bias=i % 2 == 0,
+                          activation=self.activations[i % len(self.activations)],
+                          config="small" if i < 3 else "auto")
+                for i, shape in enumerate(shapes)]
+        return out
+
     def inputs(self, case, device):
         x, (wg, wu), (bg, bu) = self._operands(case, device, 2)
+        if case.param("merged", False):
+            both = torch.cat([wg, wu])          # one [2N, K] tensor; the weights are its halves
+            wg, wu = both[:wg.shape[0]], both[wg.shape[0]:]
         return {"x": x, "w_gate": wg, "w_up": wu, "b_gate": bg, "b_up": bu,
                 "activation": case.param("activation", self.default_activation)}
 
