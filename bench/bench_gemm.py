@@ -183,20 +183,18 @@ def fp8_rows():
         sa = torch.rand(M, device="cuda", generator=g) + 0.5
         sb = torch.rand(N, device="cuda", generator=g) + 0.5
         flops = 2 * M * N * K
-        row = {"op": "fp8_matmul e4m3 rowwise -> bf16", "shape": f"M{M} K{K} N{N}", "unit": "TFLOP/s"}
-        peers = (("ours", lambda: kernels.fp8_matmul(a, b, sa, sb, None, DT)),
-                 ("torch._scaled_mm", lambda: torch._scaled_mm(a, b.t(), sa[:, None], sb[None, :], out_dtype=DT)))
-        for peer, fn in peers:
-            ms = attempt(f"fp8 {M}x{K}x{N} {peer}", lambda: bench(fn))
-            row[peer] = tflops(flops, ms) if ms else None
         s1 = torch.ones((), device="cuda")
-        ms = attempt(f"fp8 {M}x{K}x{N} ours per-tensor", lambda: bench(lambda: kernels.fp8_matmul(a, b, s1, s1, None, DT)))
-        row["ours per-tensor"] = tflops(flops, ms) if ms else None
-        ms = attempt(f"fp8 {M}x{K}x{N} _scaled_mm per-tensor",
-                     lambda: bench(lambda: torch._scaled_mm(a, b.t(), s1, s1, out_dtype=DT)))
-        row["_scaled_mm per-tensor"] = tflops(flops, ms) if ms else None
-        rows.append(row)
-        print(row, flush=True)
+        # Like with like (the same scales, both promoting the fp8 accumulation to fp32):
+        # rowwise against rowwise, per-tensor against per-tensor.
+        for label, s_a, s_b, peer_a, peer_b in (("rowwise", sa, sb, sa[:, None], sb[None, :]),
+                                                ("per-tensor", s1, s1, s1, s1)):
+            row = {"op": f"fp8_matmul e4m3 {label} -> bf16", "shape": f"M{M} K{K} N{N}", "unit": "TFLOP/s"}
+            for peer, fn in (("ours", lambda: kernels.fp8_matmul(a, b, s_a, s_b, None, DT)),
+                             ("torch._scaled_mm", lambda: torch._scaled_mm(a, b.t(), peer_a, peer_b, out_dtype=DT))):
+                ms = attempt(f"fp8 {label} {M}x{K}x{N} {peer}", lambda: bench(fn))
+                row[peer] = tflops(flops, ms) if ms else None
+            rows.append(row)
+            print(row, flush=True)
         del a, b
         torch.cuda.empty_cache()
     return rows
