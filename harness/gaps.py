@@ -88,12 +88,12 @@ GAPS = (
         reason="the interpreter's fp8 tl.dot reads the e4m3fn NaN codes 0x7F / 0xFF as +-480, so NaN does not "
                "propagate through the product; correct on the GPU",
         link="triton/runtime/interpreter.py, create_dot -> _convert_float (Triton 3.9)",
-        ops=("fp8_matmul",), values=("nonfinite",), params=(("fmt", "e4m3fn"),)),
+        ops=("fp8_matmul", "fp8_matmul_fast_accum"), values=("nonfinite",), params=(("fmt", "e4m3fn"),)),
     Gap(id="interp-fp8-dot-e5m2-subnormal", backend="interpreter",
         reason="the interpreter's fp8 tl.dot reads the e5m2 subnormal codes 0x01-0x03 (and their negatives), "
                "2^-16 x (1, 2, 3), as 0, 0 and 2^-15; correct on the GPU",
         link="triton/runtime/interpreter.py, create_dot -> _convert_float (Triton 3.9)",
-        ops=("fp8_matmul",), values=("tiny",), params=(("fmt", "e5m2"),)),
+        ops=("fp8_matmul", "fp8_matmul_fast_accum"), values=("tiny",), params=(("fmt", "e5m2"),)),
     # Triton's own fp8 conversions, which no kernel here uses: tests/test_fp8.py runs them (the
     # "native_cast" / "native_upcast" configs of its conversion tests) so the interpreter's defects
     # stay on record, and so a GPU run checks the hardware conversions against the oracle.

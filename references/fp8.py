@@ -17,11 +17,12 @@ def quantize_fp8(x, dtype, granularity="tensor", scale=None):
     return (xf / scale).clamp(-fp8_max, fp8_max).to(dtype), scale
 
 
-def fp8_matmul(a8, b8, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16):
+def fp8_matmul(a8, b8, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16, use_fast_accum=False):
     sa = scale_a.reshape(1, 1) if scale_a.numel() == 1 else scale_a.reshape(-1, 1)
     sb = scale_b.reshape(1, 1) if scale_b.numel() == 1 else scale_b.reshape(1, -1)
     try:
-        return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
+        return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype,
+                                use_fast_accum=use_fast_accum)
     except (RuntimeError, ValueError, TypeError, NotImplementedError):
         # torch._scaled_mm wants contiguous-enough operands, sizes that are multiples of 16, a
         # bias in out_dtype, and per-row scales only on some devices and dtypes.

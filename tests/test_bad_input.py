@@ -210,6 +210,7 @@ BAD = [
     ("fp8_matmul", "scale_b per row of a", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(2, device=d)), ValueError, "scale_b"),
     ("fp8_matmul", "scale_b shape", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(3, 2, device=d)), ValueError, "scale_b"),
     ("fp8_matmul", "scale_b device", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), torch.ones((), device="meta")), ValueError, "scale_b"),
+    ("fp8_matmul", "fast_accum not a bool", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), fast_accum=1), TypeError, "fast_accum"),
     ("fp8_matmul", "bias length", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), T(4, device=d)), ValueError, "bias"),
     ("fp8_matmul", "bias int", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), torch.ones(3, dtype=torch.int32, device=d)), TypeError, "bias"),
     ("fp8_matmul", "out_dtype fp8", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), out_dtype=E4), TypeError, "out_dtype"),

@@ -395,20 +395,23 @@ SPECIFIC["fp8_matmul"] = {
     "k_tail_dropped": ({}, lambda i, e: _fp8mm(i, k_keep=i["a8"].shape[1] - 3)),
     "bias_missing": ({}, lambda i, e: _fp8mm(i, bias=False)),
 }
+SPECIFIC["fp8_matmul_fast_accum"] = SPECIFIC["fp8_matmul"]
 
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
         "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "adamw": (4, 64),
         "bias_gelu": (5, 64), "embedding": (3, 7, 16), "matmul": (24, 40, 20), "swiglu": (24, 40, 20),
-        "quantize_fp8": (6, 40), "fp8_matmul": (24, 24, 40)}     # fp8_matmul: M = N, for the row/column mutant
+        "quantize_fp8": (6, 40), "fp8_matmul": (24, 24, 40),     # fp8_matmul: M = N, for the row/column mutant
+        "fp8_matmul_fast_accum": (24, 24, 40)}
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding
                "adamw": dict(steps=3, lr=0.3, weight_decay=0.5),
                "matmul": dict(activation="gelu", bias=True), "swiglu": dict(activation="silu", bias=True),
                "quantize_fp8": dict(fmt="e4m3fn", granularity="row"),
-               "fp8_matmul": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True)}
+               "fp8_matmul": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True),
+               "fp8_matmul_fast_accum": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True)}
 
 
 def _mutant_params():

@@ -300,4 +300,25 @@ class FP8Matmul(FP8Op):
         return out
 
 
-OPS = {op.name: op for op in (QuantizeFP8(), FP8Matmul())}
+class FP8MatmulFastAccum(FP8Matmul):
+    """fp8_matmul(..., fast_accum=True): the same cases; its own budgets, since the tensor cores'
+    reduced-precision accumulation then runs over all of K (on a GPU; the interpreter sums in
+    fp32 either way)."""
+    name = "fp8_matmul_fast_accum"
+
+    def kernel(self, inp, out, **config):
+        return (kernels.fp8_matmul(*self._args(inp), out=out["y"], fast_accum=True, **config),)
+
+    def reference(self, inp):
+        return (references.fp8_matmul(*self._args(inp), use_fast_accum=True),)
+
+    def error_scale(self, inp, expected):
+        """S (as fp8_matmul) times the number of 32-deep K steps: without promotion each fp8
+        MMA instruction (K 32 on Hopper) adds into an accumulator that keeps about 14 bits, so
+        the error bound grows with K / 32 steps of about 2^-13 S each (n u S with the
+        accumulator's u), not with a fixed fraction of S."""
+        (s,) = super().error_scale(inp, expected)
+        return (s * max(1, -(-inp["a8"].shape[1] // 32)),)
+
+
+OPS = {op.name: op for op in (QuantizeFP8(), FP8Matmul(), FP8MatmulFastAccum())}
