@@ -48,6 +48,9 @@ def make_record(outcome, check, test_id: str) -> dict:
         "usage": _num(check.usage),
     }
     rec.update({k: (_num(v) if isinstance(v, float) else v) for k, v in outcome.budget.as_record().items()})
+    gpu = getattr(outcome.backend, "gpu", None)
+    if gpu is not None:
+        rec["gpu"] = dict(gpu)      # which GPU of a multi-GPU runner produced it (absent on the interpreter)
     return rec
 
 

@@ -19,6 +19,7 @@ class Backend:
     device: str           # torch device for tensors: "cuda" or "cpu"
     description: str      # the GPU's name, or "Triton interpreter (CPU)"
     versions: dict = field(default_factory=dict)
+    gpu: dict | None = None   # the GPU this process runs on: {"index": physical id, "name"}; None on the interpreter
 
     @property
     def key(self) -> str:
@@ -64,7 +65,10 @@ def select(requested: str = "auto") -> Backend:
             raise BackendError("backend gpu: torch sees no CUDA device")
         if forced_interp:
             raise BackendError("backend gpu: TRITON_INTERPRET is set in the environment; unset it")
-        backend = Backend("gpu", "cuda", torch.cuda.get_device_name(), _versions())
+        from harness import gpus
+        name = torch.cuda.get_device_name()
+        backend = Backend("gpu", "cuda", name, _versions(),
+                          gpus.identity(torch.cuda.current_device(), name, os.environ.get(gpus.ENV)))
     else:
         os.environ["TRITON_INTERPRET"] = "1"
         backend = Backend("interpreter", "cpu", "Triton interpreter (CPU)", _versions())

@@ -161,6 +161,29 @@ def refusal(meta: dict, backend_key: str, profile: str, path) -> str | None:
             f"--baseline out, or write one with a passing, unfiltered run: --baseline NEW_PATH --update-baseline")
 
 
+def load_for_gate(path, backend_key: str, profile: str, *, update: bool, filtered: bool) -> Baseline | None:
+    """The baseline a gate compares with, checked before anything runs. None when there is
+    nothing to compare with but --update-baseline will write the file (missing; or unreadable,
+    or of another backend or profile, and an unfiltered update replaces it whole). Raises
+    BaselineError (a usage error, exit 4) when it cannot be compared."""
+    try:
+        base = load(path)
+    except FileNotFoundError:
+        if update:
+            return None
+        raise BaselineError(f"--baseline {path}: file not found (write one with --update-baseline)") from None
+    except BaselineError:
+        if update and not filtered:
+            return None
+        raise
+    why = refusal(base.meta, backend_key, profile, path)
+    if why is None:
+        return base
+    if update and not filtered:
+        return None
+    raise BaselineError(why)
+
+
 def covered(row: dict, ran: set) -> bool:
     """Whether the run selected this baseline group: a test item of its test function, op,
     dtype and config ran, either a pinned case of its value regime or a random test (whose
@@ -351,6 +374,42 @@ def format_report(rep: Report, path, update_command: str, max_notes: int = 20) -
     else:
         lines.append(f"baseline gate passed against {path}: {tail}")
     return lines
+
+
+def gate(base: Baseline | None, path, records: list, ran: set, *, filters: list, stopped: bool, exitstatus,
+         growth, floor: float, meta: dict, update: bool, update_command: str) -> tuple[list, object]:
+    """The regression gate over a run's records (the plugin's --baseline, and the merge of
+    shards): compare with `base` and, with `update`, rewrite the file at `path`.
+
+    ran: (test, op, dtype, config, values|None) of every test that ran (what the run selected);
+    filters, stopped: what made the run partial (then only the groups it selected are compared);
+    meta: make_meta(...) of the run. Returns the report's lines and the exit status: `exitstatus`,
+    or EXIT_REGRESSION when it was 0 and the gate failed (not when updating)."""
+    lines = []
+    complete = not filters and not stopped
+    run_rows = group_rows(records)
+    if base is not None:
+        rep = compare(base, run_rows, growth=growth, floor=floor, selected=lambda row: covered(row, ran),
+                      complete=complete, run_versions=meta.get("versions", {}), run_gaps=gap_groups(records))
+        if not complete:
+            why = ", ".join(list(filters) + (["stopped early"] if stopped else []))
+            rep.notes.append(f"this run is filtered ({why}): only the groups it selected are compared")
+        lines = format_report(rep, path, update_command)
+        if rep.failing and exitstatus == 0 and not update:
+            exitstatus = EXIT_REGRESSION
+            lines.append(f"exit {EXIT_REGRESSION}: every test passed, but the baseline gate failed")
+    if update:
+        if exitstatus != 0:
+            lines.append(f"baseline NOT written to {path}: the run did not pass (exit {int(exitstatus)})")
+        elif not run_rows:
+            lines.append(f"baseline NOT written to {path}: the run recorded no checks")
+        else:
+            rows = run_rows if complete or base is None else merge(base.rows, run_rows, lambda row: covered(row, ran))
+            write(path, meta, rows)
+            kept = len(rows) - len(run_rows)
+            lines.append(f"baseline written to {path}: {len(rows)} case groups"
+                         + (f" ({kept} kept from the old file: this run did not select them)" if kept else ""))
+    return lines, exitstatus
 
 
 def from_audit(audit_path, out_path) -> int:

@@ -1,7 +1,10 @@
 """The pytest plugin: backend choice, Hypothesis profiles, budgets, options, gaps, and the audit.
 
 Loaded from the top-level conftest.py. Order matters: the backend is selected (and
-TRITON_INTERPRET set) in pytest_configure, before any test module imports `kernels`.
+TRITON_INTERPRET set) in pytest_configure, before any test module imports `kernels`; before
+that, an xdist worker of a GPU run is pinned to its GPU (harness/gpus.py), because CUDA reads
+CUDA_VISIBLE_DEVICES once, when the selection first touches it. `--shard I/N` (harness/shards.py)
+splits the selected tests after every other filter.
 """
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from harness import audit, backend as backends, baseline as baselines, budgets as budget_file, gaps, registry, strategies
+from harness import (audit, backend as backends, baseline as baselines, budgets as budget_file, gaps, gpus, registry,
+                     shards, strategies)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,6 +51,12 @@ class State:
     baseline: baselines.Baseline | None = None      # --baseline, when it can be compared
     ran: set = field(default_factory=set)           # (test, op, dtype, config, values|None) of every test that ran
     gate: list = field(default_factory=list)        # the gate's lines for the terminal summary
+    shard: tuple | None = None                      # --shard I/N as (I, N)
+    shard_info: dict | None = None                  # the audit's meta.shard (shards.info), once collected
+    worker_shard_infos: list = field(default_factory=list)   # the same, from each xdist worker
+    gpu_ids: list = field(default_factory=list)     # xdist controller: the GPUs dealt to the workers
+    gpu_names: dict = field(default_factory=dict)   # GPU token -> device name
+    gpu_plan: dict = field(default_factory=dict)    # worker id -> GPU token (the header's mapping)
 
 
 ITEM_PROPERTY = "kernelcheck-item"   # user_properties name: an op test's [op, dtype, config, values]
@@ -76,6 +86,12 @@ def pytest_addoption(parser):
     group.addoption("--update-baseline", action="store_true",
                     help="rewrite --baseline PATH from this run (only if it passes; a filtered run replaces "
                          "only the groups it selected)")
+    group.addoption("--gpus", default=None, metavar="I[,I]",
+                    help="the GPUs xdist workers are spread over, by index among those CUDA_VISIBLE_DEVICES "
+                         "leaves visible (default: all of them; without -n the run uses the first)")
+    group.addoption("--shard", default=None, metavar="I/N",
+                    help="run only shard I of N of the collected tests (a stable hash of each test id); merge "
+                         "the N shards' --audit-json files with python -m harness.merge_audits")
 
 
 def _split(values) -> list:
@@ -99,14 +115,96 @@ def selection_filters(config) -> list:
     return found
 
 
+def _xdist_workers(config) -> int:
+    """How many xdist workers this (controller) process will start; 0 when it runs the tests itself."""
+    if config.getoption("collectonly") or config.getoption("dist", "no") == "no":
+        return 0
+    count = 0
+    for spec in config.getoption("tx", None) or []:
+        times, star, _ = spec.partition("*")
+        count += int(times) if star and times.isdigit() else 1
+    return count
+
+
+def _pin_gpu(config, wanted) -> str | None:
+    """Restrict CUDA_VISIBLE_DEVICES before the backend selection first touches torch.cuda (CUDA
+    reads it once, when it initialises): an xdist worker to the one GPU its controller dealt it,
+    the controller or a run without xdist to --gpus. Returns the worker's GPU, if any."""
+    if hasattr(config, "workerinput"):
+        token = config.workerinput.get(gpus.WORKER_INPUT)
+        if token is not None:
+            os.environ[gpus.ENV] = token
+        return token
+    if wanted is not None:
+        os.environ[gpus.ENV] = ",".join(gpus.restrict(wanted, os.environ.get(gpus.ENV)))
+    return None
+
+
+def _plan_gpus(config, st: State, wanted) -> None:
+    """xdist controller of a GPU run: list the GPUs CUDA sees (after --gpus) and deal them to the
+    workers round robin; pytest_configure_node hands each worker its GPU."""
+    import torch
+    env = os.environ.get(gpus.ENV)
+    found = torch.cuda.device_count()
+    if wanted is not None and found < len(wanted):
+        raise pytest.UsageError(f"--gpus {config.getoption('gpus')}: CUDA sees {found} of these {len(wanted)} GPUs "
+                                f"(CUDA_VISIBLE_DEVICES={env}): is there such a GPU?")
+    tokens = gpus.visible(env)
+    ids = tokens[:found] if tokens is not None else [str(i) for i in range(found)]
+    workers = _xdist_workers(config)
+    if not workers or not ids:
+        return
+    names = {token: torch.cuda.get_device_name(i) for i, token in enumerate(ids)}
+    if len(set(names.values())) > 1:
+        raise pytest.UsageError("the visible GPUs are of different models ("
+                                + ", ".join(f"{t}: {n}" for t, n in names.items()) + "): their errors do not compare "
+                                "in one audit or baseline; pick GPUs of one model with --gpus")
+    st.gpu_ids, st.gpu_names, st.gpu_plan = ids, names, gpus.plan(workers, ids)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist controller, before a worker starts: its GPU travels in workerinput."""
+    s = state(node.config)
+    if s.gpu_ids:
+        index = gpus.worker_index(node.workerinput["workerid"])
+        node.workerinput[gpus.WORKER_INPUT] = gpus.assign(index, max(len(s.gpu_plan), 1), s.gpu_ids)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "op(name): the test checks this registered op")
     config.addinivalue_line("markers", "audited: the test records audit entries through the check fixture")
+    worker = hasattr(config, "workerinput")
+    gpu_option, shard_option = config.getoption("gpus"), config.getoption("shard")
+    try:
+        shard = shards.parse(shard_option) if shard_option is not None else None
+        wanted = gpus.parse(gpu_option) if gpu_option is not None else None
+        pinned = _pin_gpu(config, wanted)
+    except (shards.ShardError, gpus.GpuError) as e:
+        raise pytest.UsageError(str(e)) from None
+    if shard and not worker:
+        if config.getoption("update_baseline"):
+            raise pytest.UsageError("--update-baseline with --shard: a shard holds part of the case groups; write the "
+                                    "baseline from the merged shards: python -m harness.merge_audits SHARD_AUDITS... "
+                                    "--baseline PATH --update-baseline")
+        if config.getoption("baseline") and not config.getoption("audit_json"):
+            raise pytest.UsageError("--baseline with --shard needs --audit-json PATH: a sharded run defers the gate to "
+                                    "the merge of all shards' audits (python -m harness.merge_audits ... --baseline)")
     try:
         chosen = backends.select(config.getoption("backend"))
         n_kernels = backends.verify_kernels(chosen)
     except backends.BackendError as e:
-        raise pytest.UsageError(str(e)) from None
+        where = f" (--gpus {gpu_option} set CUDA_VISIBLE_DEVICES={os.environ.get(gpus.ENV)})" if wanted else ""
+        raise pytest.UsageError(str(e) + where) from None
+    if wanted is not None and chosen.name != "gpu":
+        raise pytest.UsageError(f"--gpus {gpu_option}: the backend is the {chosen.name} (CUDA sees no device with "
+                                f"CUDA_VISIBLE_DEVICES={os.environ.get(gpus.ENV)}); --gpus is for GPU runs")
+    if pinned is not None:
+        import torch
+        if torch.cuda.device_count() != 1:
+            raise pytest.UsageError(f"xdist worker {config.workerinput.get('workerid')}: pinned to GPU {pinned}, but "
+                                    f"CUDA sees {torch.cuda.device_count()} devices: CUDA was initialised before the "
+                                    "kernelcheck plugin's pytest_configure set CUDA_VISIBLE_DEVICES")
     if chosen.name == "interpreter":
         from harness import oob_guard
         oob_guard.install()
@@ -132,11 +230,15 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
         torch.set_num_threads(1)      # n workers x n threads would oversubscribe the cores
-    st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config))
-    if not hasattr(config, "workerinput"):
+    st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config), shard=shard)
+    if not worker:
         st.baseline = _load_baseline(config, st)
+        if chosen.name == "gpu":
+            _plan_gpus(config, st, wanted)
     config.stash[_STATE] = st
     config.pluginmanager.register(Recorder(config, config.stash[_STATE]), "kernelcheck-recorder")
+    if shard:
+        config.pluginmanager.register(ShardSplit(st), "kernelcheck-shard")
 
 
 def _load_baseline(config, st: State):
@@ -147,29 +249,25 @@ def _load_baseline(config, st: State):
     if not path:
         return None
     try:
-        base = baselines.load(path)
-    except FileNotFoundError:
-        if update:
-            return None
-        raise pytest.UsageError(f"--baseline {path}: file not found (write one with --update-baseline)") from None
+        # (an unfiltered update may replace a missing, unreadable or other backend's file whole)
+        return baselines.load_for_gate(path, st.backend.key, st.profile, update=update, filtered=bool(st.filters))
     except baselines.BaselineError as e:
-        if update and not st.filters:
-            return None            # an unfiltered update rewrites it whole
         raise pytest.UsageError(str(e)) from None
-    why = baselines.refusal(base.meta, st.backend.key, st.profile, path)
-    if why is None:
-        return base
-    if update and not st.filters:
-        return None                # an unfiltered update may replace another backend's baseline
-    raise pytest.UsageError(why)
 
 
 def pytest_report_header(config):
     s = state(config)
     v = s.backend.versions
-    return [f"kernelcheck: backend {s.backend.key} ({s.n_kernels} Triton kernels verified), "
-            f"hypothesis profile '{s.profile}', shapes {strategies.size()}",
-            "kernelcheck: " + ", ".join(f"{k} {v[k]}" for k in sorted(v))]
+    lines = [f"kernelcheck: backend {s.backend.key} ({s.n_kernels} Triton kernels verified), "
+             f"hypothesis profile '{s.profile}', shapes {strategies.size()}",
+             "kernelcheck: " + ", ".join(f"{k} {v[k]}" for k in sorted(v))]
+    if s.gpu_plan:
+        lines += gpus.plan_lines(s.gpu_plan, s.gpu_names)
+    elif s.backend.gpu is not None:
+        lines.append(f"kernelcheck: GPU {s.backend.gpu['index']} ({s.backend.gpu['name']})")
+    if s.shard:
+        lines.append(f"kernelcheck: shard {s.shard[0]}/{s.shard[1]} of the collected tests (by a hash of each test id)")
+    return lines
 
 
 def item_meta(item) -> tuple:
@@ -205,6 +303,26 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+class ShardSplit:
+    """--shard I/N: keep the collected tests of shard I, after every other filter (trylast), and
+    note what was collected before the split, for the merge to find gaps."""
+
+    def __init__(self, st: State):
+        self.s = st
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        index, count = self.s.shard
+        self.s.shard_info = shards.info([item.nodeid for item in items], index, count)
+        if hasattr(config, "workeroutput"):
+            config.workeroutput[shards.WORKER_OUTPUT] = self.s.shard_info     # for the controller's audit
+        keep = [item for item in items if shards.shard_of(item.nodeid, count) == index]
+        if len(keep) < len(items):
+            kept = {id(item) for item in keep}
+            config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+            items[:] = keep
 
 
 class GapHit(BaseException):
@@ -304,53 +422,66 @@ class Recorder:
                 self.gap_of.pop(report.nodeid, None)
             report.user_properties = audit.junit_properties(meta, recs, gap) + other
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        """xdist controller: a worker's shard info (it collected; the controller does not)."""
+        info = (getattr(node, "workeroutput", None) or {}).get(shards.WORKER_OUTPUT)
+        if info is not None:
+            self.s.worker_shard_infos.append(info)
+
+    def _finish_shard(self, session):
+        s = self.s
+        if s.shard_info is None:
+            infos = s.worker_shard_infos
+            if infos and all(i == infos[0] for i in infos):
+                s.shard_info = infos[0]
+            else:     # no worker reported, or they disagree: the merge will refuse this shard
+                s.shard_info = {"index": s.shard[0], "count": s.shard[1], "collected": None, "collected_digest": None}
+        if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and s.shard_info.get("collected"):
+            session.exitstatus = pytest.ExitCode.OK     # an empty shard of a non-empty selection is no error
+
     def pytest_sessionfinish(self, session, exitstatus):
         s = self.s
         if hasattr(self.config, "workerinput"):
             return                       # xdist worker: the controller reports
+        if s.shard:
+            self._finish_shard(session)
         if s.unaudited and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        stopped = bool(session.shouldstop or session.shouldfail)
         if self.config.getoption("baseline") and not self.config.getoption("collectonly"):
-            self._gate(session)
+            self._gate(session, stopped)
         path = self.config.getoption("audit_json")
         if path:
             meta = {"backend": s.backend.key, "device": s.backend.description, "versions": s.backend.versions,
                     "profile": s.profile, "args": list(self.config.invocation_params.args),
-                    "exitstatus": int(session.exitstatus), "gap_hits": dict(sorted(s.gap_hits.items()))}
+                    "exitstatus": int(session.exitstatus), "gap_hits": dict(sorted(s.gap_hits.items())),
+                    # what the run selected, so that a merge of partial runs can gate them as one
+                    "selection": {"filters": s.filters, "stopped": stopped,
+                                  "ran": sorted((list(t) for t in s.ran), key=lambda t: tuple(map(str, t)))}}
+            if s.shard:
+                meta["shard"] = s.shard_info
+            if s.gpu_plan:
+                meta["gpus"] = {"workers": s.gpu_plan, "names": s.gpu_names}
             audit.write_json(path, s.records, meta)
 
-    def _gate(self, session):
+    def _gate(self, session, stopped: bool):
         """--baseline: compare, and with --update-baseline write; the lines go to the summary."""
         s, config = self.s, self.config
         path, update = config.getoption("baseline"), config.getoption("update_baseline")
-        stopped = bool(session.shouldstop or session.shouldfail)
-        complete = not s.filters and not stopped
-        run_rows = baselines.group_rows(s.records)
-        update_command = f"python3 -m pytest -n auto --baseline {path} --update-baseline"
-        if s.baseline is not None:
-            rep = baselines.compare(s.baseline, run_rows, growth=s.budgets.growth, floor=s.budgets.floor,
-                                    selected=lambda row: baselines.covered(row, s.ran), complete=complete,
-                                    run_versions=s.backend.versions, run_gaps=baselines.gap_groups(s.records))
-            if not complete:
-                why = ", ".join(s.filters + (["stopped early"] if stopped else []))
-                rep.notes.append(f"this run is filtered ({why}): only the groups it selected are compared")
-            s.gate = baselines.format_report(rep, path, update_command)
-            if rep.failing and session.exitstatus == 0 and not update:
-                session.exitstatus = baselines.EXIT_REGRESSION
-                s.gate.append(f"exit {baselines.EXIT_REGRESSION}: every test passed, but the baseline gate failed")
-        if update:
-            if session.exitstatus != 0:
-                s.gate.append(f"baseline NOT written to {path}: the run did not pass (exit {int(session.exitstatus)})")
-            elif not run_rows:
-                s.gate.append(f"baseline NOT written to {path}: the run recorded no checks")
-            else:
-                rows = run_rows if complete or s.baseline is None else baselines.merge(
-                    s.baseline.rows, run_rows, lambda row: baselines.covered(row, s.ran))
-                meta = baselines.make_meta(s.backend.key, s.backend.description, s.profile, s.backend.versions)
-                baselines.write(path, meta, rows)
-                kept = len(rows) - len(run_rows)
-                s.gate.append(f"baseline written to {path}: {len(rows)} case groups"
-                              + (f" ({kept} kept from the old file: this run did not select them)" if kept else ""))
+        if s.shard:
+            # A shard holds part of most case groups: judged alone, its groups would look improved
+            # or vanished. The merge of all shards compares the whole run once.
+            index, count = s.shard
+            s.gate = [f"sharded run ({index}/{count}): the baseline gate is deferred to the merge of all {count} "
+                      f"shards' audits: python -m harness.merge_audits SHARD_AUDITS... --baseline {path}",
+                      f"(checked at the start: {path} is of this backend and profile)"]
+            return
+        meta = baselines.make_meta(s.backend.key, s.backend.description, s.profile, s.backend.versions)
+        s.gate, session.exitstatus = baselines.gate(
+            s.baseline, path, s.records, s.ran, filters=s.filters, stopped=stopped, exitstatus=session.exitstatus,
+            growth=s.budgets.growth, floor=s.budgets.floor, meta=meta, update=update,
+            update_command=f"python3 -m pytest -n auto --baseline {path} --update-baseline")
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
         s, tr = self.s, terminalreporter
@@ -374,6 +505,14 @@ class Recorder:
                 tr.write_line(f"declared gap {gap.id}: random cases leave out value regime(s) "
                               f"{', '.join(gap.values)} for {', '.join(gap.ops)} in "
                               f"{'every dtype' if '*' in gap.dtypes else ', '.join(gap.dtypes)}{where}")
+        per_gpu = Counter(f"{r['gpu']['index']} ({r['gpu']['name']})" for r in s.records if r.get("gpu"))
+        if per_gpu and (s.gpu_plan or len(per_gpu) > 1):
+            tr.write_line("checks per GPU: " + ", ".join(f"GPU {g}: {n}" for g, n in sorted(per_gpu.items())))
+        if s.shard and s.shard_info:
+            info = s.shard_info
+            tr.write_line(f"shard {info['index']}/{info['count']}: {info.get('selected', '?')} of the "
+                          f"{info.get('collected', '?')} selected tests; merge the {info['count']} shards' audits "
+                          "with python -m harness.merge_audits")
         if s.unaudited:
             tr.write_line(f"ERROR: {len(s.unaudited)} audited test(s) passed without any audit record reaching "
                           f"the controller (first: {s.unaudited[0]}); failing the run", red=True)

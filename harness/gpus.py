@@ -1,0 +1,99 @@
+"""Every GPU of a multi-GPU runner: which GPU each pytest-xdist worker runs on.
+
+The controller lists the GPUs the run may use (`--gpus 0,2`, else every GPU that
+CUDA_VISIBLE_DEVICES leaves visible), deals them to its workers round robin and hands each
+worker its GPU in `workerinput`. The worker sets CUDA_VISIBLE_DEVICES to that one GPU at the
+start of its pytest_configure, before the backend selection first touches torch.cuda: CUDA
+reads the variable once, when it initialises, so a later change would have no effect (the
+worker checks that it then sees exactly one device).
+
+The functions here are pure (no torch, no CUDA), so the mapping is tested on any machine.
+A GPU is named by its CUDA_VISIBLE_DEVICES token: the physical index ("0", "2") unless the
+user's own CUDA_VISIBLE_DEVICES names GPUs by UUID ("GPU-...") or MIG instance.
+"""
+from __future__ import annotations
+
+ENV = "CUDA_VISIBLE_DEVICES"
+WORKER_INPUT = "kernelcheck_gpu"     # workerinput key: the CUDA_VISIBLE_DEVICES token of the worker's GPU
+
+
+class GpuError(ValueError):
+    pass
+
+
+def parse(text: str) -> list[int]:
+    """`--gpus 0,2` -> [0, 2]: indices among the GPUs CUDA_VISIBLE_DEVICES leaves visible."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(not p.isdigit() for p in parts):
+        raise GpuError(f"--gpus {text}: expected a comma-separated list of GPU indices, e.g. --gpus 0,2")
+    indices = [int(p) for p in parts]
+    if len(set(indices)) != len(indices):
+        raise GpuError(f"--gpus {text}: a GPU is listed twice")
+    return indices
+
+
+def visible(env_value: str | None) -> list[str] | None:
+    """The tokens of CUDA_VISIBLE_DEVICES, or None when it is unset (every GPU visible)."""
+    if env_value is None:
+        return None
+    return [t.strip() for t in env_value.split(",") if t.strip()]
+
+
+def restrict(indices: list[int], env_value: str | None) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES tokens of `--gpus` indices, given the variable's current value:
+    with CUDA_VISIBLE_DEVICES=2,3, `--gpus 1` is GPU "3"."""
+    tokens = visible(env_value)
+    if tokens is None:
+        return [str(i) for i in indices]
+    outside = [i for i in indices if i >= len(tokens)]
+    if outside:
+        raise GpuError(f"--gpus {','.join(map(str, indices))}: CUDA_VISIBLE_DEVICES={env_value} leaves "
+                       f"{len(tokens)} GPU(s) visible (indices 0-{len(tokens) - 1}); no GPU {outside[0]}")
+    return [tokens[i] for i in indices]
+
+
+def worker_index(worker_id: str) -> int:
+    """xdist's worker id "gw12" -> 12."""
+    if not worker_id.startswith("gw") or not worker_id[2:].isdigit():
+        raise GpuError(f"not an xdist worker id: {worker_id!r}")
+    return int(worker_id[2:])
+
+
+def assign(index: int, count: int, gpus: list) -> str:
+    """The GPU of worker `index` of `count`: round robin, so `-n` larger than the number of GPUs
+    shares them evenly (counts differ by at most one). A worker xdist starts to replace a crashed
+    one gets the next index (>= count) and lands on a GPU all the same."""
+    if not gpus:
+        raise GpuError("no GPU to assign")
+    if index < 0 or count < 1:
+        raise GpuError(f"worker {index} of {count}: expected index >= 0 and count >= 1")
+    return gpus[index % len(gpus)]
+
+
+def plan(count: int, gpus: list) -> dict[str, str]:
+    """Worker id -> GPU token for `count` workers."""
+    return {f"gw{i}": assign(i, count, gpus) for i in range(count)}
+
+
+def physical_id(token: str) -> int | str:
+    return int(token) if token.isdigit() else token
+
+
+def identity(ordinal: int, name: str, env_value: str | None) -> dict:
+    """The audit's `gpu` field for CUDA device `ordinal` of this process: the GPU's
+    CUDA_VISIBLE_DEVICES token (its physical index when unset) and its name."""
+    tokens = visible(env_value)
+    token = tokens[ordinal] if tokens is not None and ordinal < len(tokens) else str(ordinal)
+    return {"index": physical_id(token), "name": name}
+
+
+def plan_lines(worker_gpu: dict, names: dict) -> list[str]:
+    """The report header's lines: for each GPU, the workers pinned to it."""
+    by_gpu: dict = {}
+    for worker, gpu in worker_gpu.items():
+        by_gpu.setdefault(gpu, []).append(worker)
+    lines = [f"kernelcheck: {len(worker_gpu)} xdist workers on {len(by_gpu)} GPU(s), round robin "
+             f"(CUDA_VISIBLE_DEVICES set per worker)"]
+    for gpu, workers in by_gpu.items():
+        lines.append(f"kernelcheck: GPU {gpu} ({names.get(gpu, '?')}) <- {len(workers)} workers: {' '.join(workers)}")
+    return lines
