@@ -102,3 +102,8 @@ else:
     print("no speed-up: A or B did not pass")
 EOF
 echo "total $(( $(date +%s) - T0 )) s"
+# At most 8 files come back from a device call: the audits, logs and utilisation samples travel
+# as one archive beside device.txt, times.txt and summary.txt.
+(cd "$OUT" && tar czf runs.tar.gz audit_*.json pytest_*.log smi_*.csv 2>/dev/null \
+    && rm -f audit_*.json pytest_*.log smi_*.csv)
+ls -la "$OUT"
