@@ -355,7 +355,7 @@ def format_report(rep: Report, path, update_command: str, max_notes: int = 20) -
 
 def from_audit(audit_path, out_path) -> int:
     """Write a baseline from an audit JSON (--audit-json) of a passing, unfiltered run."""
-    doc = json.loads(Path(audit_path).read_text())
+    doc = audit.load_json(audit_path)
     meta = doc["meta"]
     if meta.get("exitstatus") not in (0, None):
         raise BaselineError(f"{audit_path}: the run exited {meta['exitstatus']}; a baseline needs a passing run")

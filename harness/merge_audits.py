@@ -10,7 +10,6 @@ status.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from harness import audit
@@ -34,8 +33,8 @@ def merge(docs: list[dict]) -> tuple[list, dict]:
             seen[key] = i
             records.append(r)
     meta = {key: first.get(key) for key in SAME}
-    meta["parts"] = [{"args": d["meta"].get("args"), "exitstatus": d["meta"].get("exitstatus"),
-                      "written": d["meta"].get("written")} for d in docs]
+    meta["parts"] = [{"args": audit.meta_value(d["meta"], "args"), "exitstatus": d["meta"].get("exitstatus"),
+                      "written": audit.meta_value(d["meta"], "written")} for d in docs]
     meta["exitstatus"] = max(int(d["meta"].get("exitstatus") or 0) for d in docs)
     return records, meta
 
@@ -47,8 +46,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     docs = []
     for path in args.audits:
-        with open(path) as f:
-            docs.append(json.load(f))
+        docs.append(audit.load_json(path))
     try:
         records, meta = merge(docs)
     except ValueError as exc:

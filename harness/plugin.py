@@ -5,14 +5,16 @@ TRITON_INTERPRET set) in pytest_configure, before any test module imports `kerne
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import hypothesis
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from harness import audit, backend as backends, baseline as baselines, budgets as budget_file, gaps, registry, strategies
 
@@ -31,7 +33,10 @@ except Exception:               # older Hypothesis without a built-in ci profile
     _ci_parent = settings.default
 settings.register_profile("ci", parent=_ci_parent, max_examples=10, derandomize=True, database=None, **_COMMON)
 settings.register_profile("gpu", max_examples=60, derandomize=True, database=None, **_COMMON)
-settings.register_profile("nightly", max_examples=1000, derandomize=False, **_COMMON)
+# (The nightly profile leaves out Hypothesis's explain phase: it reruns a failure under coverage
+# tracing, minutes on the interpreter, to name lines that are always the same check in compare.py.)
+settings.register_profile("nightly", max_examples=1000, derandomize=False,
+                          phases=[p for p in Phase if p != Phase.explain], **_COMMON)
 
 
 @dataclass
@@ -47,6 +52,7 @@ class State:
     baseline: baselines.Baseline | None = None      # --baseline, when it can be compared
     ran: set = field(default_factory=set)           # (test, op, dtype, config, values|None) of every test that ran
     gate: list = field(default_factory=list)        # the gate's lines for the terminal summary
+    fuzz: dict = field(default_factory=dict)        # --fuzz-seed / --max-examples of a nightly run
 
 
 ITEM_PROPERTY = "kernelcheck-item"   # user_properties name: an op test's [op, dtype, config, values]
@@ -76,6 +82,17 @@ def pytest_addoption(parser):
     group.addoption("--update-baseline", action="store_true",
                     help="rewrite --baseline PATH from this run (only if it passes; a filtered run replaces "
                          "only the groups it selected)")
+    # Fuzzing (harness/nightly.py runs rounds with these). Hypothesis's --hypothesis-seed and its
+    # @seed decorator both turn the example database off, so a failure found would not be replayed
+    # first next time: hence a seed of our own (see pytest_runtest_call) that keeps the database on.
+    group.addoption("--fuzz-seed", type=int, default=None, metavar="N",
+                    help="nightly profile: draw the random cases from seed N (each test's own seed is derived "
+                         "from N and its test id); the run is then repeatable, up to the example database's replays")
+    group.addoption("--max-examples", type=int, default=None, metavar="N",
+                    help="nightly profile: at most N random examples per test (instead of the profile's 1000)")
+    group.addoption("--example-db", default=None, metavar="DIR",
+                    help="nightly profile: Hypothesis's example database in DIR (failures found are saved there "
+                         "and replayed first by the next run); default .hypothesis/examples")
 
 
 def _split(values) -> list:
@@ -126,17 +143,67 @@ def pytest_configure(config):
     if profile is None:
         profile = "ci" if chosen.name == "interpreter" else "gpu"
         settings.load_profile(profile)
+    fuzz = _fuzz_settings(config, profile)
     strategies.configure("small" if profile == "ci" or chosen.name == "interpreter" else "large",
                          chosen.name, chosen.versions)
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
         torch.set_num_threads(1)      # n workers x n threads would oversubscribe the cores
-    st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config))
+    st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config), fuzz=fuzz)
     if not hasattr(config, "workerinput"):
         st.baseline = _load_baseline(config, st)
     config.stash[_STATE] = st
     config.pluginmanager.register(Recorder(config, config.stash[_STATE]), "kernelcheck-recorder")
+
+
+def _fuzz_settings(config, profile: str) -> dict:
+    """--fuzz-seed, --max-examples, --example-db: for the nightly profile only (the ci and gpu
+    profiles draw the same cases every run, which their baselines rely on). The profile is
+    registered again under its own name with these settings, so whichever of this hook and
+    Hypothesis's own loads it last, the run gets them."""
+    seed, n, db = (config.getoption(k) for k in ("fuzz_seed", "max_examples", "example_db"))
+    given = [name for name, v in (("--fuzz-seed", seed), ("--max-examples", n), ("--example-db", db)) if v is not None]
+    if not given:
+        return {}
+    if profile != "nightly":
+        raise pytest.UsageError(f"{', '.join(given)}: for the nightly profile only (this run's is '{profile}'); "
+                                f"add --hypothesis-profile nightly")
+    if n is not None and n < 1:
+        raise pytest.UsageError(f"--max-examples {n}: must be at least 1")
+    overrides = {}
+    if n is not None:
+        overrides["max_examples"] = n
+    if db is not None:
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        overrides["database"] = DirectoryBasedExampleDatabase(str(Path(db).resolve()))
+    if overrides:
+        settings.register_profile(profile, parent=settings.get_profile(profile), **overrides)
+        settings.load_profile(profile)
+    return {k: v for k, v in (("seed", seed), ("max_examples", n)) if v is not None}
+
+
+def test_seed(fuzz_seed: int, nodeid: str) -> int:
+    """The seed of one test in a --fuzz-seed run: each test draws differently, and the same again
+    in a rerun with the same seed."""
+    return int.from_bytes(hashlib.sha256(f"{fuzz_seed}:{nodeid}".encode()).digest()[:8], "big")
+
+
+# The attribute of a @given test that Hypothesis seeds its random draws from (what its @seed
+# decorator sets; @seed also sets database=None, which is what we must avoid).
+SEED_ATTRIBUTE = "_hypothesis_internal_use_seed"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    seed = state(item.config).fuzz.get("seed")
+    test = getattr(item, "obj", None)
+    if seed is not None and hypothesis.is_hypothesis_test(test):
+        if not hasattr(test, SEED_ATTRIBUTE):
+            raise RuntimeError(f"--fuzz-seed: Hypothesis {hypothesis.__version__} has no {SEED_ATTRIBUTE} on its "
+                               f"tests; update harness/plugin.py's seeding for this version")
+        # Set before each item runs: the items of a parametrized test share the function.
+        setattr(test, SEED_ATTRIBUTE, test_seed(seed, item.nodeid))
 
 
 def _load_baseline(config, st: State):
@@ -169,7 +236,8 @@ def pytest_report_header(config):
     v = s.backend.versions
     return [f"kernelcheck: backend {s.backend.key} ({s.n_kernels} Triton kernels verified), "
             f"hypothesis profile '{s.profile}', shapes {strategies.size()}",
-            "kernelcheck: " + ", ".join(f"{k} {v[k]}" for k in sorted(v))]
+            "kernelcheck: " + ", ".join(f"{k} {v[k]}" for k in sorted(v))] + \
+        (["kernelcheck: fuzzing with " + ", ".join(f"{k} {v}" for k, v in s.fuzz.items())] if s.fuzz else [])
 
 
 def item_meta(item) -> tuple:
@@ -233,12 +301,19 @@ def _in_final_example() -> bool:
 @pytest.fixture
 def check(request, record_property):
     """check(case): run the case, record its audit entries, fail with a full report."""
-    from harness.run import run_case
+    from harness.run import run_case, tolerances_option
 
     s = state(request.config)
 
     def run(case):
-        outcome = run_case(case, s.backend, s.budgets)
+        try:
+            outcome = run_case(case, s.backend, s.budgets)
+        except Exception as e:
+            # An exception instead of a result (a launcher's error, a crash) still names its case.
+            if not any("harness.replay" in note for note in getattr(e, "__notes__", ())):
+                e.add_note(f"  case     {case.id}\n  replay   "
+                           f"{case.replay_command(tolerances_option(s.budgets))}")
+            raise
         gap = request.node.get_closest_marker("xfail")
         gap_hit = not outcome.passed and gap is not None and "[gap:" in gap.kwargs.get("reason", "")
         final = gap_hit or _in_final_example()
@@ -276,10 +351,14 @@ class Recorder:
         # Rewritten on the controller only: a worker's reports must reach it with the records.
         self.junit = bool(config.getoption("xmlpath", None)) and not hasattr(config, "workerinput")
         self.gap_of = {}                 # nodeid -> declared gap hit, for the JUnit properties
+        self.outcomes = Counter()        # passed / failed / error / xfailed / skipped, for the audit's meta
+        self.failure_text = {}           # nodeid -> its failure report (the audit's volatile section)
+        self.durations = Counter()       # nodeid -> seconds (setup, call and teardown)
 
     @pytest.hookimpl(tryfirst=True)      # before junitxml reads the report's properties
     def pytest_runtest_logreport(self, report):
         s = self.s
+        self._count(report)
         meta = next((json.loads(v) for name, v in report.user_properties if name == ITEM_PROPERTY), None)
         if meta is not None:
             s.ran.add((baselines.test_function(report.nodeid), *meta))
@@ -304,6 +383,21 @@ class Recorder:
                 self.gap_of.pop(report.nodeid, None)
             report.user_properties = audit.junit_properties(meta, recs, gap) + other
 
+    def _count(self, report):
+        self.durations[report.nodeid] += getattr(report, "duration", 0.0)
+        if getattr(report, "failed", False):
+            self.outcomes["failed" if report.when == "call" else "error"] += 1
+            text = self.failure_text.get(report.nodeid, "")
+            self.failure_text[report.nodeid] = (text + "\n" if text else "") + report.longreprtext
+        elif report.when == "call":
+            skipped = getattr(report, "skipped", False)
+            self.outcomes["xfailed" if hasattr(report, "wasxfail") else "skipped" if skipped else "passed"] += 1
+        elif getattr(report, "skipped", False):
+            self.outcomes["skipped"] += 1
+
+    # tryfirst: the audit is written before xdist tears its workers down, so a run interrupted
+    # then (harness/nightly.py stops its rounds with SIGINT) still leaves its audit.
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session, exitstatus):
         s = self.s
         if hasattr(self.config, "workerinput"):
@@ -315,9 +409,14 @@ class Recorder:
         path = self.config.getoption("audit_json")
         if path:
             meta = {"backend": s.backend.key, "device": s.backend.description, "versions": s.backend.versions,
-                    "profile": s.profile, "args": list(self.config.invocation_params.args),
-                    "exitstatus": int(session.exitstatus), "gap_hits": dict(sorted(s.gap_hits.items()))}
-            audit.write_json(path, s.records, meta)
+                    "profile": s.profile, "exitstatus": int(session.exitstatus),
+                    "outcomes": dict(sorted(self.outcomes.items())), "gap_hits": dict(sorted(s.gap_hits.items()))}
+            if s.fuzz:
+                meta["fuzz"] = s.fuzz
+            volatile = {"args": list(self.config.invocation_params.args),
+                        "durations": {k: round(v, 3) for k, v in sorted(self.durations.items())},
+                        "failures": dict(sorted(self.failure_text.items()))}
+            audit.write_json(path, s.records, meta, volatile=volatile)
 
     def _gate(self, session):
         """--baseline: compare, and with --update-baseline write; the lines go to the summary."""
