@@ -82,15 +82,22 @@ def rerun_command(tests, seed: int, examples: int, workers: str, pytest_args: li
     return shlex.join(parts)
 
 
+def _signal_group(pid: int, sig) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass                              # it ended on its own meanwhile
+
+
 def run_with_limit(cmd: list, log: Path, limit: float, grace: float) -> tuple[int, str, float]:
-    """Run `cmd` (output to `log`); at `limit` seconds send SIGINT to its process group, which
-    pytest answers by stopping and still writing its audit (tests under way are
-    left out); `grace` seconds later kill the group. Returns (exit status, "done" | "interrupted" | "killed", seconds)."""
+    """Run `cmd` (output to `log`). At `limit` seconds send SIGINT to its process group: pytest
+    stops (the tests under way are left out) and still writes its audit. `grace` seconds later
+    kill the group. Returns (exit status, "done" | "interrupted" | "killed", seconds)."""
     start = time.monotonic()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("PYTEST_XDIST_WORKER", None)
     with open(log, "w") as out:
-        # A new session, so the kill reaches the xdist workers; SIGINT at its default, so that
+        # A new session, so the signals reach the xdist workers too; SIGINT at its default, so that
         # pytest turns it into KeyboardInterrupt even when this process was started with it ignored.
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -99,12 +106,12 @@ def run_with_limit(cmd: list, log: Path, limit: float, grace: float) -> tuple[in
             rc = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             status = "interrupted"
-            os.killpg(proc.pid, signal.SIGINT)    # the workers too: they stop within their current example
+            _signal_group(proc.pid, signal.SIGINT)    # workers stop within their current example
             try:
                 rc = proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 status = "killed"
-                os.killpg(proc.pid, signal.SIGKILL)
+                _signal_group(proc.pid, signal.SIGKILL)
                 rc = proc.wait()
     return rc, status, time.monotonic() - start
 
@@ -192,8 +199,8 @@ def pack_db(db: Path, archive: Path) -> int:
 def unpack_db(archive: Path, db: Path) -> int:
     db.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.isfile()]
-        tar.extractall(db, members=members, filter="data")
+        members = [m for m in tar.getmembers() if m.isfile() and not m.name.startswith(("/", "..")) and ".." not in m.name]
+        tar.extractall(db, members=members)      # plain files inside db only
     return len(members)
 
 
@@ -224,10 +231,11 @@ class Nightly:
         self.parts: list = []              # each call's command line and time
 
     def add_part(self, findings: dict, records: list, source: str) -> None:
-        if self.meta is None:
-            self.meta = {k: findings["meta"].get(k) for k in SAME}
-        elif findings["rounds"]:
-            check_same(self.meta, findings["meta"], source)
+        if findings["rounds"]:
+            if self.meta is None:
+                self.meta = {k: findings["meta"].get(k) for k in SAME}
+            else:
+                check_same(self.meta, findings["meta"], source)
         offset = len(self.rounds)
         renumber = {}
         for rd in findings["rounds"]:

@@ -7,6 +7,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from harness import audit, nightly
 from harness.plugin import ROOT
 
@@ -138,3 +140,24 @@ def test_harvest_pairs_each_case_with_its_problem_and_blob():
         ("add_rmsnorm", "second", "@reproduce_failure('6.1', b'AQ==')")
     (crash,) = nightly.harvest("t", "worker 'gw1' crashed while running 't'", None)
     assert crash["replay"] is None and "crashed" in crash["problem"]
+
+
+def test_an_exception_in_a_case_carries_its_replay_line(request, monkeypatch):
+    """A case that raises (a launcher's error, a crash) instead of failing its budget is still
+    named, with its replay line, in the report the nightly run harvests."""
+    import harness.run
+    from harness.cases import Case
+
+    def explode(case, backend, budgets):
+        raise RuntimeError("the kernel exploded")
+
+    monkeypatch.setattr(harness.run, "run_case", explode)
+    # (Asked for by name: a test that takes `check` as an argument must record audit entries.)
+    check = request.getfixturevalue("check")
+    case = Case.make("rmsnorm", "float32", (2, 3), seed=4)
+    with pytest.raises(RuntimeError) as err:
+        check(case)
+    (note,) = err.value.__notes__
+    assert f"replay   {case.replay_command()}" in note and case.id in note
+    (found,) = nightly.harvest("t", str(err.value) + "\n" + note, None)
+    assert found["replay"] == case.replay_command() and found["shape"] == [2, 3]
