@@ -8,12 +8,14 @@ standard.
 from __future__ import annotations
 
 import datetime
+import gzip
 import json
 import math
 import os
 from collections import defaultdict
 
 PROPERTY = "kernelcheck"       # user_properties name that carries a record (as a JSON string)
+VOLATILE = "volatile"          # meta key of what differs between two runs of the same cases
 LOOSE_HEADROOM = 100.0         # a budget this far above the worst error could hide a bug
 TIGHT_HEADROOM = 1.5           # a budget this close to the worst error will flake
 
@@ -146,12 +148,47 @@ def junit_properties(item: list | None, records: list, gap: str | None = None) -
     return props
 
 
-def write_json(path, records: list, meta: dict) -> None:
-    doc = {"meta": {**meta, "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
-           "summary": [{k: (_num(v) if isinstance(v, float) else v) for k, v in r.items()} for r in summarize(records)],
-           # Sorted, so that two runs of the same cases write the same records in the same order
-           # whatever order the xdist workers finished in.
-           "records": sorted(records, key=lambda r: (r["test"], r["case"], r["output"]))}
-    with open(path, "w") as f:
+def record_order(r: dict) -> tuple:
+    """Records are written in this order, whatever order the xdist workers finished in (the whole
+    record breaks ties: Hypothesis may draw one case twice in a test)."""
+    return (r["test"], r["case"], r["output"], encode(r))
+
+
+def write_json(path, records: list, meta: dict, volatile: dict | None = None) -> None:
+    """Write an audit. Two runs of the same cases write the same file byte for byte except
+    meta["volatile"]: the time it was written, `volatile` (the command line, test durations and
+    failure reports, say) and which xdist worker ran each test (taken out of the records)."""
+    workers, clean = {}, []
+    for r in records:
+        r = dict(r)
+        worker = r.pop("worker", None)
+        if worker is not None:
+            workers[r["test"]] = worker
+        clean.append(r)
+    vol = {**(volatile or {}),
+           "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if workers:
+        vol["workers"] = dict(sorted(workers.items()))
+    doc = {"meta": {**meta, VOLATILE: vol},
+           "summary": [{k: (_num(v) if isinstance(v, float) else v) for k, v in r.items()} for r in summarize(clean)],
+           "records": sorted(clean, key=record_order)}
+    # Written whole or not at all: an interrupted write leaves no half a file.
+    tmp = f"{path}.part"
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(tmp, "wt") as f:
         json.dump(doc, f, indent=1, sort_keys=True, allow_nan=False)
         f.write("\n")
+    os.replace(tmp, path)
+
+
+def load_json(path) -> dict:
+    """An audit JSON (gzip-compressed when its name ends in .gz)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def meta_value(meta: dict, key: str, default=None):
+    """A run-specific meta value (written, args): under meta["volatile"], or at the top level in
+    audits written before there was a volatile section."""
+    return meta.get(VOLATILE, {}).get(key, meta.get(key, default))

@@ -414,7 +414,7 @@ def gate(base: Baseline | None, path, records: list, ran: set, *, filters: list,
 
 def from_audit(audit_path, out_path) -> int:
     """Write a baseline from an audit JSON (--audit-json) of a passing, unfiltered run."""
-    doc = json.loads(Path(audit_path).read_text())
+    doc = audit.load_json(audit_path)
     meta = doc["meta"]
     if meta.get("exitstatus") not in (0, None):
         raise BaselineError(f"{audit_path}: the run exited {meta['exitstatus']}; a baseline needs a passing run")

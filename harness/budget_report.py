@@ -23,7 +23,6 @@ For each op and dtype of the audit's judged checks (a declared gap's are left ou
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections import defaultdict
@@ -135,7 +134,7 @@ def table(rs: list) -> tuple:
 def _header(meta: dict, n: int) -> list:
     v = meta.get("versions", {})
     return [f"backend {meta.get('backend')} ({meta.get('device')}), profile {meta.get('profile')}, "
-            f"{n} records, written {meta.get('written', '?')}",
+            f"{n} records, written {audit.meta_value(meta, 'written', '?')}",
             ", ".join(f"{k} {v[k]}" for k in sorted(v))]
 
 
@@ -195,8 +194,7 @@ def main(argv=None) -> int:
     if not args.margin >= 1:
         parser.error("--margin must be >= 1")
     try:
-        with open(args.audit) as f:
-            doc = json.load(f)
+        doc = audit.load_json(args.audit)
         doc["meta"], doc["records"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"kernelcheck-budgets: {args.audit}: not a readable audit JSON ({e})", file=sys.stderr)

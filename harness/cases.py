@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -90,8 +91,10 @@ class Case:
         params = d.pop("params", {})
         return cls.make(**d, **params)
 
-    def replay_command(self) -> str:
-        return f"python -m harness.replay '{self.to_json()}'"
+    def replay_command(self, tolerances=None) -> str:
+        """The command that replays this case; `tolerances`: a budgets file other than the default."""
+        extra = f" --tolerances {shlex.quote(str(tolerances))}" if tolerances else ""
+        return f"python -m harness.replay '{self.to_json()}'{extra}"
 
     def generator(self) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed)

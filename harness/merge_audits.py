@@ -28,7 +28,6 @@ exits 0 once written.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -62,8 +61,8 @@ def merge(docs: list[dict], names: list[str] | None = None) -> tuple[list, dict]
     meta = {key: first.get(key) for key in SAME}
     meta["parts"] = []
     for d in docs:
-        part = {"args": d["meta"].get("args"), "exitstatus": d["meta"].get("exitstatus"),
-                "written": d["meta"].get("written")}
+        part = {"args": audit.meta_value(d["meta"], "args"), "exitstatus": d["meta"].get("exitstatus"),
+                "written": audit.meta_value(d["meta"], "written")}
         part.update({k: d["meta"][k] for k in ("shard", "gpus") if k in d["meta"]})
         meta["parts"].append(part)
     meta["exitstatus"] = max(int(d["meta"].get("exitstatus") or 0) for d in docs)
@@ -115,8 +114,7 @@ def main(argv=None) -> int:
         ap.error("--update-baseline needs --baseline PATH (the file to write)")
     docs = []
     for path in args.audits:
-        with open(path) as f:
-            docs.append(json.load(f))
+        docs.append(audit.load_json(path))
     try:
         records, meta = merge(docs, args.audits)
     except ValueError as exc:

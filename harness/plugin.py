@@ -8,14 +8,17 @@ splits the selected tests after every other filter.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import hypothesis
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from harness import (audit, backend as backends, baseline as baselines, budgets as budget_file, gaps, gpus, registry,
                      shards, strategies)
@@ -35,7 +38,10 @@ except Exception:               # older Hypothesis without a built-in ci profile
     _ci_parent = settings.default
 settings.register_profile("ci", parent=_ci_parent, max_examples=10, derandomize=True, database=None, **_COMMON)
 settings.register_profile("gpu", max_examples=60, derandomize=True, database=None, **_COMMON)
-settings.register_profile("nightly", max_examples=1000, derandomize=False, **_COMMON)
+# (The nightly profile leaves out Hypothesis's explain phase: it reruns a failure under coverage
+# tracing, minutes on the interpreter, to name lines that are always the same check in compare.py.)
+settings.register_profile("nightly", max_examples=1000, derandomize=False,
+                          phases=[p for p in Phase if p != Phase.explain], **_COMMON)
 
 
 @dataclass
@@ -57,6 +63,7 @@ class State:
     gpu_ids: list = field(default_factory=list)     # xdist controller: the GPUs dealt to the workers
     gpu_names: dict = field(default_factory=dict)   # GPU token -> device name
     gpu_plan: dict = field(default_factory=dict)    # worker id -> GPU token (the header's mapping)
+    fuzz: dict = field(default_factory=dict)        # --fuzz-seed / --max-examples of a nightly run
 
 
 ITEM_PROPERTY = "kernelcheck-item"   # user_properties name: an op test's [op, dtype, config, values]
@@ -92,6 +99,17 @@ def pytest_addoption(parser):
     group.addoption("--shard", default=None, metavar="I/N",
                     help="run only shard I of N of the collected tests (a stable hash of each test id); merge "
                          "the N shards' --audit-json files with python -m harness.merge_audits")
+    # Fuzzing (harness/nightly.py runs rounds with these). Hypothesis's --hypothesis-seed and its
+    # @seed decorator both turn the example database off, so a failure found would not be replayed
+    # first next time: hence a seed of our own (see pytest_runtest_call) that keeps the database on.
+    group.addoption("--fuzz-seed", type=int, default=None, metavar="N",
+                    help="nightly profile: draw the random cases from seed N (each test's own seed is derived "
+                         "from N and its test id); the run is then repeatable, up to the example database's replays")
+    group.addoption("--max-examples", type=int, default=None, metavar="N",
+                    help="nightly profile: at most N random examples per test (instead of the profile's 1000)")
+    group.addoption("--example-db", default=None, metavar="DIR",
+                    help="nightly profile: Hypothesis's example database in DIR (failures found are saved there "
+                         "and replayed first by the next run); default .hypothesis/examples")
 
 
 def _split(values) -> list:
@@ -224,13 +242,14 @@ def pytest_configure(config):
     if profile is None:
         profile = "ci" if chosen.name == "interpreter" else "gpu"
         settings.load_profile(profile)
+    fuzz = _fuzz_settings(config, profile)
     strategies.configure("small" if profile == "ci" or chosen.name == "interpreter" else "large",
                          chosen.name, chosen.versions)
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
         torch.set_num_threads(1)      # n workers x n threads would oversubscribe the cores
-    st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config), shard=shard)
+    st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config), shard=shard, fuzz=fuzz)
     if not worker:
         st.baseline = _load_baseline(config, st)
         if chosen.name == "gpu":
@@ -239,6 +258,55 @@ def pytest_configure(config):
     config.pluginmanager.register(Recorder(config, config.stash[_STATE]), "kernelcheck-recorder")
     if shard:
         config.pluginmanager.register(ShardSplit(st), "kernelcheck-shard")
+
+
+def _fuzz_settings(config, profile: str) -> dict:
+    """--fuzz-seed, --max-examples, --example-db: for the nightly profile only (the ci and gpu
+    profiles draw the same cases every run, which their baselines rely on). The profile is
+    registered again under its own name with these settings, so whichever of this hook and
+    Hypothesis's own loads it last, the run gets them."""
+    seed, n, db = (config.getoption(k) for k in ("fuzz_seed", "max_examples", "example_db"))
+    given = [name for name, v in (("--fuzz-seed", seed), ("--max-examples", n), ("--example-db", db)) if v is not None]
+    if not given:
+        return {}
+    if profile != "nightly":
+        raise pytest.UsageError(f"{', '.join(given)}: for the nightly profile only (this run's is '{profile}'); "
+                                f"add --hypothesis-profile nightly")
+    if n is not None and n < 1:
+        raise pytest.UsageError(f"--max-examples {n}: must be at least 1")
+    overrides = {}
+    if n is not None:
+        overrides["max_examples"] = n
+    if db is not None:
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        overrides["database"] = DirectoryBasedExampleDatabase(str(Path(db).resolve()))
+    if overrides:
+        settings.register_profile(profile, parent=settings.get_profile(profile), **overrides)
+        settings.load_profile(profile)
+    return {k: v for k, v in (("seed", seed), ("max_examples", n)) if v is not None}
+
+
+def test_seed(fuzz_seed: int, nodeid: str) -> int:
+    """The seed of one test in a --fuzz-seed run: each test draws differently, and the same again
+    in a rerun with the same seed."""
+    return int.from_bytes(hashlib.sha256(f"{fuzz_seed}:{nodeid}".encode()).digest()[:8], "big")
+
+
+# The attribute of a @given test that Hypothesis seeds its random draws from (what its @seed
+# decorator sets; @seed also sets database=None, which is what we must avoid).
+SEED_ATTRIBUTE = "_hypothesis_internal_use_seed"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    seed = state(item.config).fuzz.get("seed")
+    test = getattr(item, "obj", None)
+    if seed is not None and hypothesis.is_hypothesis_test(test):
+        if not hasattr(test, SEED_ATTRIBUTE):
+            raise RuntimeError(f"--fuzz-seed: Hypothesis {hypothesis.__version__} has no {SEED_ATTRIBUTE} on its "
+                               f"tests; update harness/plugin.py's seeding for this version")
+        # Set before each item runs: the items of a parametrized test share the function.
+        setattr(test, SEED_ATTRIBUTE, test_seed(seed, item.nodeid))
 
 
 def _load_baseline(config, st: State):
@@ -267,6 +335,8 @@ def pytest_report_header(config):
         lines.append(f"kernelcheck: GPU {s.backend.gpu['index']} ({s.backend.gpu['name']})")
     if s.shard:
         lines.append(f"kernelcheck: shard {s.shard[0]}/{s.shard[1]} of the collected tests (by a hash of each test id)")
+    if s.fuzz:
+        lines.append("kernelcheck: fuzzing with " + ", ".join(f"{k} {v}" for k, v in s.fuzz.items()))
     return lines
 
 
@@ -303,6 +373,10 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    if s.fuzz.get("seed") is not None:
+        # A fuzzing round runs its tests in an order of its own seed (the same on every xdist
+        # worker), so rounds stopped at their time limit do not all leave out the same tests.
+        random.Random(s.fuzz["seed"]).shuffle(items)
 
 
 class ShardSplit:
@@ -351,12 +425,19 @@ def _in_final_example() -> bool:
 @pytest.fixture
 def check(request, record_property):
     """check(case): run the case, record its audit entries, fail with a full report."""
-    from harness.run import run_case
+    from harness.run import run_case, tolerances_option
 
     s = state(request.config)
 
     def run(case):
-        outcome = run_case(case, s.backend, s.budgets)
+        try:
+            outcome = run_case(case, s.backend, s.budgets)
+        except Exception as e:
+            # An exception instead of a result (a launcher's error, a crash) still names its case.
+            if not any("harness.replay" in note for note in getattr(e, "__notes__", ())):
+                e.add_note(f"  case     {case.id}\n  replay   "
+                           f"{case.replay_command(tolerances_option(s.budgets))}")
+            raise
         gap = request.node.get_closest_marker("xfail")
         gap_hit = not outcome.passed and gap is not None and "[gap:" in gap.kwargs.get("reason", "")
         final = gap_hit or _in_final_example()
@@ -394,10 +475,14 @@ class Recorder:
         # Rewritten on the controller only: a worker's reports must reach it with the records.
         self.junit = bool(config.getoption("xmlpath", None)) and not hasattr(config, "workerinput")
         self.gap_of = {}                 # nodeid -> declared gap hit, for the JUnit properties
+        self.outcomes = Counter()        # passed / failed / error / xfailed / skipped, for the audit's meta
+        self.failure_text = {}           # nodeid -> its failure report (the audit's volatile section)
+        self.durations = Counter()       # nodeid -> seconds (setup, call and teardown)
 
     @pytest.hookimpl(tryfirst=True)      # before junitxml reads the report's properties
     def pytest_runtest_logreport(self, report):
         s = self.s
+        self._count(report)
         meta = next((json.loads(v) for name, v in report.user_properties if name == ITEM_PROPERTY), None)
         if meta is not None:
             s.ran.add((baselines.test_function(report.nodeid), *meta))
@@ -440,6 +525,21 @@ class Recorder:
         if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and s.shard_info.get("collected"):
             session.exitstatus = pytest.ExitCode.OK     # an empty shard of a non-empty selection is no error
 
+    def _count(self, report):
+        self.durations[report.nodeid] += getattr(report, "duration", 0.0)
+        if getattr(report, "failed", False):
+            self.outcomes["failed" if report.when == "call" else "error"] += 1
+            text = self.failure_text.get(report.nodeid, "")
+            self.failure_text[report.nodeid] = (text + "\n" if text else "") + report.longreprtext
+        elif report.when == "call":
+            skipped = getattr(report, "skipped", False)
+            self.outcomes["xfailed" if hasattr(report, "wasxfail") else "skipped" if skipped else "passed"] += 1
+        elif getattr(report, "skipped", False):
+            self.outcomes["skipped"] += 1
+
+    # tryfirst: the audit is written before xdist tears its workers down, so a run interrupted
+    # then (harness/nightly.py stops its rounds with SIGINT) still leaves its audit.
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session, exitstatus):
         s = self.s
         if hasattr(self.config, "workerinput"):
@@ -454,8 +554,8 @@ class Recorder:
         path = self.config.getoption("audit_json")
         if path:
             meta = {"backend": s.backend.key, "device": s.backend.description, "versions": s.backend.versions,
-                    "profile": s.profile, "args": list(self.config.invocation_params.args),
-                    "exitstatus": int(session.exitstatus), "gap_hits": dict(sorted(s.gap_hits.items())),
+                    "profile": s.profile, "exitstatus": int(session.exitstatus),
+                    "outcomes": dict(sorted(self.outcomes.items())), "gap_hits": dict(sorted(s.gap_hits.items())),
                     # what the run selected, so that a merge of partial runs can gate them as one
                     "selection": {"filters": s.filters, "stopped": stopped,
                                   "ran": sorted((list(t) for t in s.ran), key=lambda t: tuple(map(str, t)))}}
@@ -463,7 +563,12 @@ class Recorder:
                 meta["shard"] = s.shard_info
             if s.gpu_plan:
                 meta["gpus"] = {"workers": s.gpu_plan, "names": s.gpu_names}
-            audit.write_json(path, s.records, meta)
+            if s.fuzz:
+                meta["fuzz"] = s.fuzz
+            volatile = {"args": list(self.config.invocation_params.args),
+                        "durations": {k: round(v, 3) for k, v in sorted(self.durations.items())},
+                        "failures": dict(sorted(self.failure_text.items()))}
+            audit.write_json(path, s.records, meta, volatile=volatile)
 
     def _gate(self, session, stopped: bool):
         """--baseline: compare, and with --update-baseline write; the lines go to the summary."""

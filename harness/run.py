@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -20,6 +21,10 @@ class Outcome:
     backend: Backend
     checks: list
     layouts: dict = field(default_factory=dict)  # input name -> (shape, strides, storage offset)
+    tolerances: str | None = None                # the budgets file, when not the default one
+
+    def replay_command(self) -> str:
+        return self.case.replay_command(self.tolerances)
 
     @property
     def passed(self) -> bool:
@@ -74,7 +79,16 @@ def run_case(case: Case, backend: Backend, budgets: Budgets) -> Outcome:
     expected = op.oracle(inputs)
     scales = op.error_scale(inputs, expected)
     checks = [compare(name, g, e, budget, r, sc) for name, g, e, r, sc in zip(op.outputs, got, expected, ref, scales)]
-    return Outcome(case, budget, backend, checks, _layouts(inputs))
+    return Outcome(case, budget, backend, checks, _layouts(inputs), tolerances_option(budgets))
+
+
+DEFAULT_TOLERANCES = Path(__file__).resolve().parents[1] / "tolerances.toml"
+
+
+def tolerances_option(budgets: Budgets) -> str | None:
+    """The budgets file to name in a replay command: None for the default one."""
+    path = Path(budgets.path).resolve()
+    return None if path == DEFAULT_TOLERANCES else str(path)
 
 
 def _g(v) -> str:
@@ -94,5 +108,5 @@ def describe(outcome: Outcome, check: Check) -> str:
                  f"rel frobenius {_g(check.rel_fro_err)}; reference max abs {_g(check.ref_max_abs_err)}")
     usage = "inf" if math.isinf(check.usage) else f"{check.usage:.3g}"
     lines.append(f"  budget   {outcome.budget.describe()} [{outcome.budget.table}]; error/allowed = {usage}")
-    lines.append(f"  replay   {case.replay_command()}")
+    lines.append(f"  replay   {outcome.replay_command()}")
     return "\n".join(lines)

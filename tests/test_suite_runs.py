@@ -6,8 +6,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from harness.plugin import ROOT
 
 
@@ -31,7 +29,8 @@ def test_records_from_every_xdist_worker_reach_the_audit_the_baseline_and_junit(
     doc = json.loads(path.read_text())
     passed = int(out.split(" passed")[0].split()[-1])
     assert len(doc["records"]) == passed                       # one output per rmsnorm case
-    assert {r["worker"] for r in doc["records"]} == {"gw0", "gw1"}
+    assert set(doc["meta"]["volatile"]["workers"].values()) == {"gw0", "gw1"}
+    assert {r["test"] for r in doc["records"]} == set(doc["meta"]["volatile"]["workers"])
     assert {(r["op"], r["dtype"]) for r in doc["records"]} == {("rmsnorm", "float32")}
     assert "kernelcheck audit" in out and "rmsnorm" in out
     # --update-baseline on the controller: one row per case group of every worker's records
@@ -50,20 +49,28 @@ def test_records_from_every_xdist_worker_reach_the_audit_the_baseline_and_junit(
 
 
 def test_ci_profile_runs_are_reproducible(tmp_path):
-    """Two runs of the ci profile draw the same cases and write the same audit records, byte
-    for byte (the header's date and the xdist worker that ran a case aside)."""
-    texts = []
-    for run in range(2):
+    """Two runs of the ci profile, one under xdist and one not, draw the same cases and write the
+    same audit, byte for byte, but for meta["volatile"] (the time, the command line, durations,
+    failure reports and which worker ran each test)."""
+    texts, volatiles, docs = [], [], []
+    for run, workers in enumerate(("2", "0")):
         path = tmp_path / f"audit{run}.json"
-        rc, out = _pytest("-n", "2", "--op", "softmax", "--dtype", "float16", "tests/test_ops.py",
+        rc, out = _pytest("-n", workers, "--op", "softmax", "--dtype", "float16", "tests/test_ops.py",
                           "--hypothesis-profile", "ci", f"--audit-json={path}")
         assert rc == 0, out
-        records = json.loads(path.read_text())["records"]
-        for r in records:
-            r.pop("worker")
-        texts.append(json.dumps(records, sort_keys=True))
+        text = path.read_text()
+        doc = json.loads(text)
+        # the file is exactly its JSON as written (sorted keys, indent 1): what differs outside
+        # the volatile section would differ in these bytes too
+        assert json.dumps(doc, indent=1, sort_keys=True) + "\n" == text
+        docs.append(doc)
+        volatiles.append(doc["meta"].pop("volatile"))
+        assert set(volatiles[-1]) == {"args", "durations", "failures", "workers", "written"}
+        texts.append(json.dumps(doc, indent=1, sort_keys=True))
     assert texts[0] == texts[1]
-    assert len(json.loads(texts[0])) > 20
+    assert set(volatiles[0]["workers"].values()) == {"gw0", "gw1"}
+    assert set(volatiles[1]["workers"].values()) == {"main"}
+    assert len(docs[0]["records"]) > 20 and all("worker" not in r for r in docs[0]["records"])
 
 
 def test_unknown_op_is_a_usage_error():

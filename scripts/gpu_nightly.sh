@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Nightly fuzzing on a GPU in one device call: the random op tests under the nightly profile
+# (GPU-size shapes), in rounds with fresh seeds, for SECONDS (default 540: a call is limited to
+# 600 s), 16 xdist workers. Six files land in $OUT: findings.md, findings.json, audit.json.gz,
+# hypothesis-db.tar.gz (the example database), nightly.log, device.txt.
+#   OUT=/tmp/out bash scripts/gpu_nightly.sh [SECONDS] [extra pytest args, e.g. --op flash_attention]
+#   RESUME=results/nightly OUT=... bash scripts/gpu_nightly.sh   # a second call: appends to the first's findings
+#   (WORKERS, default 16; ROUND_SECONDS, default a third of SECONDS)
+# Exit status: the nightly command's (0 nothing found, 1 a failure found, 2 a round could not run).
+set -uo pipefail
+OUT=${OUT:-/tmp/kernelcheck-nightly}
+BUDGET=${1:-540}
+[ $# -gt 0 ] && shift
+mkdir -p "$OUT"
+rm -rf /tmp/kernelcheck-nightly-rounds        # a warm machine may hold an earlier call's rounds
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
+python3 -c "import torch, triton, numpy, hypothesis, xdist; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'hypothesis', hypothesis.__version__, 'xdist', xdist.__version__)" | tee -a "$OUT/device.txt"
+args=(--seconds "$BUDGET" --out "$OUT" --work /tmp/kernelcheck-nightly-rounds --db /tmp/kernelcheck-nightly-db
+      --workers "${WORKERS:-16}" --compress-audit)
+[ -n "${ROUND_SECONDS:-}" ] && args+=(--round-seconds "$ROUND_SECONDS")
+[ -n "${RESUME:-}" ] && args+=(--resume "$RESUME")
+# The rounds' own files (per-round audits and logs, the database directory) stay outside $OUT:
+# only 8 files come back from a call. A failing round's log tail is in nightly.log.
+python3 -m harness.nightly "${args[@]}" -- -p no:benchmark "$@" 2>&1 | tee "$OUT/nightly.log"
+status=${PIPESTATUS[0]}
+for log in /tmp/kernelcheck-nightly-rounds/round*/pytest.log; do
+  # the failure reports of rounds that found something (their text, not only the summary)
+  if grep -q "^FAILED\|^ERROR" "$log" 2>/dev/null; then
+    echo "=== $log" >> "$OUT/nightly.log"
+    sed -n '/= FAILURES =/,/short test summary/p' "$log" | cut -c1-400 | head -300 >> "$OUT/nightly.log"
+  fi
+done
+ls -la "$OUT"
+exit "$status"
