@@ -37,6 +37,7 @@ def merge(docs: list[dict]) -> tuple[list, dict]:
     meta["parts"] = [{"args": d["meta"].get("args"), "exitstatus": d["meta"].get("exitstatus"),
                       "written": d["meta"].get("written")} for d in docs]
     meta["exitstatus"] = max(int(d["meta"].get("exitstatus") or 0) for d in docs)
+    meta["notes"] = [n for d in docs for n in d["meta"].get("notes", [])]
     return records, meta
 
 

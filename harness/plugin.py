@@ -47,9 +47,11 @@ class State:
     baseline: baselines.Baseline | None = None      # --baseline, when it can be compared
     ran: set = field(default_factory=set)           # (test, op, dtype, config, values|None) of every test that ran
     gate: list = field(default_factory=list)        # the gate's lines for the terminal summary
+    notes: list = field(default_factory=list)       # (test id, text) of every note a test left
 
 
 ITEM_PROPERTY = "kernelcheck-item"   # user_properties name: an op test's [op, dtype, config, values]
+NOTE_PROPERTY = "kernelcheck-note"   # user_properties name: a finding a test reports without failing
 
 
 _STATE = pytest.StashKey[State]()
@@ -257,6 +259,15 @@ def check(request, record_property):
 
 
 @pytest.fixture
+def note(request):
+    """note(text): report a finding that is neither a pass nor a failure (a near-tie the test
+    could not judge, say). Notes are listed after the audit and written to --audit-json."""
+    def add(text: str):
+        request.node.user_properties.append((NOTE_PROPERTY, str(text)))
+    return add
+
+
+@pytest.fixture
 def budgets(request):
     return state(request.config).budgets
 
@@ -293,6 +304,7 @@ class Recorder:
             for rec in recs:
                 rec["gap"] = gap          # a declared gap's records are kept, but not judged
             s.records.extend(recs)
+            s.notes += [(report.nodeid, v) for name, v in report.user_properties if name == NOTE_PROPERTY]
             if report.passed and "audited" in report.keywords and not recs and not wasxfail:
                 s.unaudited.append(report.nodeid)
         if self.junit:
@@ -316,7 +328,8 @@ class Recorder:
         if path:
             meta = {"backend": s.backend.key, "device": s.backend.description, "versions": s.backend.versions,
                     "profile": s.profile, "args": list(self.config.invocation_params.args),
-                    "exitstatus": int(session.exitstatus), "gap_hits": dict(sorted(s.gap_hits.items()))}
+                    "exitstatus": int(session.exitstatus), "gap_hits": dict(sorted(s.gap_hits.items())),
+                    "notes": [{"test": t, "note": n} for t, n in sorted(s.notes)]}
             audit.write_json(path, s.records, meta)
 
     def _gate(self, session):
@@ -374,6 +387,10 @@ class Recorder:
                 tr.write_line(f"declared gap {gap.id}: random cases leave out value regime(s) "
                               f"{', '.join(gap.values)} for {', '.join(gap.ops)} in "
                               f"{'every dtype' if '*' in gap.dtypes else ', '.join(gap.dtypes)}{where}")
+        if s.notes:
+            tr.write_line(f"notes ({len(s.notes)}, neither passed nor failed):")
+            for test, text in sorted(s.notes):
+                tr.write_line(f"  {test}: {text}")
         if s.unaudited:
             tr.write_line(f"ERROR: {len(s.unaudited)} audited test(s) passed without any audit record reaching "
                           f"the controller (first: {s.unaudited[0]}); failing the run", red=True)

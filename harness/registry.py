@@ -26,6 +26,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "swiglu": ("harness.ops.gemm", FLOATS),
     "quantize_fp8": ("harness.ops.fp8", FLOATS),    # the dtype is x's; the fp8 format is a case param
     "fp8_matmul": ("harness.ops.fp8", FLOATS),      # the dtype is the output's
+    "decoder": ("harness.ops.decoder", FLOATS),     # a whole Qwen2-style model (models/); the dtype is the model's
 }
 
 
