@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
+if "--smoke" in sys.argv:       # the interpreter must be chosen before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import meta  # noqa: E402
@@ -37,6 +41,12 @@ QWEN2_1_5B = dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, inter
                   rms_norm_eps=1e-6, rope_theta=1000000.0,
                   max_position_embeddings=32768, hidden_act="silu")
 REPEATS = 5
+DEVICE = "cuda"
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def timed(fn) -> float:
@@ -44,10 +54,10 @@ def timed(fn) -> float:
     fn()
     times = []
     for _ in range(REPEATS):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -64,11 +74,11 @@ def build(config: dict):
     hf_cfg._attn_implementation = "sdpa"
     torch.set_default_dtype(torch.bfloat16)
     try:
-        with torch.device("cuda"):
+        with torch.device(DEVICE):
             hf = Qwen2ForCausalLM(hf_cfg).eval()
     finally:
         torch.set_default_dtype(torch.float32)
-    ours = model_from_state_dict(Qwen2Config.from_dict(config), hf.state_dict(), torch.bfloat16, "cuda")
+    ours = model_from_state_dict(Qwen2Config.from_dict(config), hf.state_dict(), torch.bfloat16, DEVICE)
     return hf, ours
 
 
@@ -76,15 +86,29 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
     ap.add_argument("--steps", type=int, default=128, help="decode steps per timed run")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny model on the CPU (Triton's interpreter), fp32 there: checks the script, times nothing")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    global DEVICE, REPEATS
+    config, prompt_lens, batches, prompt_len = QWEN2_1_5B, (512, 4096), (1, 16), 128
+    if args.smoke:
+        DEVICE, REPEATS, args.steps = "cpu", 1, 2
+        config = dict(QWEN2_1_5B, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+        prompt_lens, batches, prompt_len = (5,), (1, 2), 4
 
     from models.generate import generate
     from models.kv_cache import make_cache
 
-    hf, ours = build(QWEN2_1_5B)
-    V = QWEN2_1_5B["vocab_size"]
+    hf, ours = build(config)
+    if args.smoke:      # the interpreter has no bf16 tl.dot: fp32 on both sides
+        hf = hf.float()
+        from models.config import Qwen2Config
+        from models.loader import model_from_state_dict
+        ours = model_from_state_dict(Qwen2Config.from_dict(config), hf.state_dict(), torch.float32, DEVICE)
+    V = config["vocab_size"]
     gen = torch.Generator().manual_seed(1)
     rows = []
 
@@ -96,34 +120,34 @@ def main():
         cache = make_cache("contiguous", ours.config, 1, len(prompt) + 1, ours.dtype, ours.device)
         return ours.prefill([prompt], cache).argmax(-1)
 
-    for T in (512, 4096):
-        prompt = torch.randint(0, V, (T,), generator=gen)
-        ids = prompt.view(1, -1).cuda()
-        t_ours = timed(lambda: ours_first_token(prompt.tolist()))
+    for T in prompt_lens:
+        prompt = torch.randint(0, V, (T,), generator=gen).to(DEVICE)     # both sides start from ids on the GPU
+        ids = prompt.view(1, -1)
+        t_ours = timed(lambda: ours_first_token(prompt))
         t_hf = timed(lambda: hf_first_token(ids))
-        same = int(ours_first_token(prompt.tolist())[0]) == int(hf_first_token(ids)[0])
+        same = int(ours_first_token(prompt)[0]) == int(hf_first_token(ids)[0])
         rows.append(dict(metric=f"TTFT, prompt {T}, batch 1", unit="ms", ours=t_ours * 1e3, transformers=t_hf * 1e3,
                          speedup=t_hf / t_ours, same_first_token=same))
         print(rows[-1], flush=True)
 
     steps = args.steps
-    for B in (1, 16):
-        prompts = torch.randint(0, V, (B, 128), generator=gen)
+    for B in batches:
+        prompts = torch.randint(0, V, (B, prompt_len), generator=gen)
 
         def ours_decode():
             return generate(ours, prompts.tolist(), steps + 1)
 
         @torch.no_grad()
         def hf_decode_seconds():
-            ids = prompts.cuda()
+            ids = prompts.to(DEVICE)
             o = hf(ids, use_cache=True, logits_to_keep=1)
             cache, tok = o.past_key_values, o.logits[:, -1].argmax(-1)
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             for _ in range(steps):
                 o = hf(tok[:, None], past_key_values=cache, use_cache=True)
                 tok = o.logits[:, -1].argmax(-1)
-            torch.cuda.synchronize()
+            sync()
             return time.perf_counter() - start
 
         ours_decode()
@@ -134,6 +158,9 @@ def main():
                          transformers=B * steps / hf_s, speedup=hf_s / ours_s))
         print(rows[-1], flush=True)
 
+    if args.smoke:
+        print("smoke run: done")
+        return
     info = meta(model="Qwen2-1.5B shape, random weights, bf16", transformers=__import__("transformers").__version__,
                 repeats=REPEATS, decode_steps=steps)
     (out / "bench_decoder.json").write_text(json.dumps({"meta": info, "rows": rows}, indent=1) + "\n")

@@ -24,7 +24,7 @@ python3 -c "import torch, triton, transformers, tokenizers, safetensors, hypothe
 if [ "${SKIP_SUITE:-0}" != 1 ]; then
   start=$(date +%s)
   # -p timeout where the image has pytest-timeout (gpu_session.sh relies on it too).
-  timeout "${SUITE_TIMEOUT:-230}" python3 -m pytest -n "${WORKERS:-4}" -q -p no:cacheprovider \
+  timeout "${SUITE_TIMEOUT:-250}" python3 -m pytest -n "${WORKERS:-4}" -q -p no:cacheprovider \
       -p timeout --timeout="${TEST_TIMEOUT:-200}" \
       tests/test_ops.py tests/test_mutants.py tests/test_decoder.py --op decoder \
       --audit-json "$OUT/audit_decoder.json" "$@" > "$OUT/pytest_decoder.log" 2>&1
@@ -34,7 +34,7 @@ if [ "${SKIP_SUITE:-0}" != 1 ]; then
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   start=$(date +%s)
-  timeout "${BENCH_TIMEOUT:-290}" python3 bench/bench_decoder.py --out "$OUT" > "$OUT/bench_decoder.log" 2>&1
+  timeout "${BENCH_TIMEOUT:-270}" python3 bench/bench_decoder.py --out "$OUT" > "$OUT/bench_decoder.log" 2>&1
   echo "bench decoder exit $? after $(( $(date +%s) - start )) s"
   tail -15 "$OUT/bench_decoder.log"
 fi
