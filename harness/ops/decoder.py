@@ -183,7 +183,7 @@ class Decoder(Op):
             vocab = draw(st.sampled_from((64, 97) if small else (256, 1000, 4099)))
             layers = draw(st.integers(1, 2 if small else 4))
             B = draw(st.integers(1, 2 if small else 4))
-            lens = [draw(st.integers(1, 8 if small else 64)) for _ in range(B)]
+            lens = [draw(st.integers(1, 6 if small else 64)) for _ in range(B)]
             steps = draw(st.integers(1, 2 if small else 8))
             cache = draw(st.sampled_from(("contiguous", "paged")))
             params = dict(lens=",".join(map(str, lens)), steps=steps, tied=draw(st.booleans()),
