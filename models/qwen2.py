@@ -103,9 +103,7 @@ class Qwen2Decoder:
             h, residual = kernels.add_rmsnorm(kernels.matmul(a.view(a.shape[0], -1), w.o_w), residual,
                                               w.post_norm, eps)
             mlp_out = kernels.matmul(kernels.swiglu(h, w.gate_w, w.up_w, None, None, c.hidden_act), w.down_w)
-        if mlp_out is None:             # no layers
-            return kernels.rmsnorm(residual, self.norm, eps)
-        return kernels.add_rmsnorm(mlp_out, residual, self.norm, eps)[0]
+        return kernels.add_rmsnorm(mlp_out, residual, self.norm, eps)[0]     # (a config has >= 1 layer)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return kernels.matmul(h, self.lm_head)
