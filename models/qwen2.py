@@ -17,8 +17,9 @@ Where our rounding differs from Hugging Face's in the same dtype, ours rounds le
 rounds once (HF: the normalised value, then times the weight), SwiGLU once (HF: gate, silu(gate),
 up, product), and RoPE computes its angles in float64 (HF: fp32 angles).
 
-Prompts are prefilled as one packed varlen batch (no padding); decode steps take one token per
-sequence against a contiguous or paged KV cache (models/kv_cache.py).
+Prompts are prefilled as one packed batch (no padding; varlen attention when their lengths
+differ); decode steps take one token per sequence against a contiguous or paged KV cache
+(models/kv_cache.py), with no host sync.
 """
 from __future__ import annotations
 
@@ -128,9 +129,18 @@ class Qwen2Decoder:
         rows = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens)).to(dev)
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
 
+        same_length = len(set(lens)) == 1
+        B, T = len(lens), lens[0]
+
         def attend(i, q, k, v):
             if cache is not None:
                 cache.write(i, k, v, rows, positions)
+            if same_length:
+                # Prompts of one length: the fixed-length kernel on [B, T, H, D] views. The varlen
+                # launcher reads cu_seqlens on the host (a sync per layer).
+                out = kernels.flash_attention(q.view(B, T, *q.shape[1:]), k.view(B, T, *k.shape[1:]),
+                                              v.view(B, T, *v.shape[1:]), True)
+                return out.view(q.shape)
             return kernels.flash_attention(q, k, v, True, cu_seqlens_q=cu, cu_seqlens_k=cu)
 
         h = self._layers(kernels.embedding(ids, self.embed), positions, attend)
