@@ -68,7 +68,7 @@ GAPS = (
     Gap(id="interp-bf16-dot", backend="interpreter",
         reason="the interpreter multiplies the raw bits of bf16 operands in tl.dot and returns garbage",
         link="https://github.com/triton-lang/triton/issues/11584",
-        ops=("flash_attention", "decode_attention", "matmul", "swiglu"), dtypes=("bfloat16",)),
+        ops=("flash_attention", "decode_attention", "matmul", "swiglu", "decoder"), dtypes=("bfloat16",)),
     Gap(id="interp-runtime-loop-numpy25", backend="interpreter",
         reason="Triton 3.6's interpreter fails on loops with a runtime bound under NumPy >= 2.5",
         link="FIELD-NOTES.md, Triton's interpreter",

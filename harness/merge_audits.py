@@ -80,6 +80,7 @@ def merge(docs: list[dict], names: list[str] | None = None) -> tuple[list, dict]
             # Unsharded parts, none filtered: each ran the whole suite (their records would be
             # duplicates, unless they recorded nothing); not one run either way.
             meta["selection"]["filters"] = ["unsharded parts"]
+    meta["notes"] = [n for d in docs for n in d["meta"].get("notes", [])]
     return records, meta
 
 

@@ -64,9 +64,11 @@ class State:
     gpu_names: dict = field(default_factory=dict)   # GPU token -> device name
     gpu_plan: dict = field(default_factory=dict)    # worker id -> GPU token (the header's mapping)
     fuzz: dict = field(default_factory=dict)        # --fuzz-seed / --max-examples of a nightly run
+    notes: list = field(default_factory=list)       # (test id, text) of every note a test left
 
 
 ITEM_PROPERTY = "kernelcheck-item"   # user_properties name: an op test's [op, dtype, config, values]
+NOTE_PROPERTY = "kernelcheck-note"   # user_properties name: a finding a test reports without failing
 
 
 _STATE = pytest.StashKey[State]()
@@ -456,6 +458,15 @@ def check(request, record_property):
 
 
 @pytest.fixture
+def note(request):
+    """note(text): report a finding that is neither a pass nor a failure (a near-tie the test
+    could not judge, say). Notes are listed after the audit and written to --audit-json."""
+    def add(text: str):
+        request.node.user_properties.append((NOTE_PROPERTY, str(text)))
+    return add
+
+
+@pytest.fixture
 def budgets(request):
     return state(request.config).budgets
 
@@ -496,6 +507,7 @@ class Recorder:
             for rec in recs:
                 rec["gap"] = gap          # a declared gap's records are kept, but not judged
             s.records.extend(recs)
+            s.notes += [(report.nodeid, v) for name, v in report.user_properties if name == NOTE_PROPERTY]
             if report.passed and "audited" in report.keywords and not recs and not wasxfail:
                 s.unaudited.append(report.nodeid)
         if self.junit:
@@ -558,7 +570,8 @@ class Recorder:
                     "outcomes": dict(sorted(self.outcomes.items())), "gap_hits": dict(sorted(s.gap_hits.items())),
                     # what the run selected, so that a merge of partial runs can gate them as one
                     "selection": {"filters": s.filters, "stopped": stopped,
-                                  "ran": sorted((list(t) for t in s.ran), key=lambda t: tuple(map(str, t)))}}
+                                  "ran": sorted((list(t) for t in s.ran), key=lambda t: tuple(map(str, t)))},
+                    "notes": [{"test": t, "note": n} for t, n in sorted(s.notes)]}
             if s.shard:
                 meta["shard"] = s.shard_info
             if s.gpu_plan:
@@ -618,6 +631,10 @@ class Recorder:
             tr.write_line(f"shard {info['index']}/{info['count']}: {info.get('selected', '?')} of the "
                           f"{info.get('collected', '?')} selected tests; merge the {info['count']} shards' audits "
                           "with python -m harness.merge_audits")
+        if s.notes:
+            tr.write_line(f"notes ({len(s.notes)}, neither passed nor failed):")
+            for test, text in sorted(s.notes):
+                tr.write_line(f"  {test}: {text}")
         if s.unaudited:
             tr.write_line(f"ERROR: {len(s.unaudited)} audited test(s) passed without any audit record reaching "
                           f"the controller (first: {s.unaudited[0]}); failing the run", red=True)

@@ -397,13 +397,82 @@ SPECIFIC["fp8_matmul"] = {
 }
 SPECIFIC["fp8_matmul_fast_accum"] = SPECIFIC["fp8_matmul"]
 
+
+
+def _decoder(i, change=None, **oracle_kw):
+    """transformers' float64 Qwen2 on the case's weights after change(weights, config): a
+    mutant decoder. Several bugs are exactly a weight transform of a correct model."""
+    from harness.ops.decoder import oracle_outputs
+    w = {k: v.clone() for k, v in i["weights"].items()}
+    if change is not None:
+        change(w, i["hf_config"])
+    return oracle_outputs(i, w, **oracle_kw)
+
+
+def _heads(w, cfg, fn, names):
+    """fn(t) on the [heads, head_dim, ...] view of each layer's tensors `names` (q or k, ...)."""
+    D = cfg["head_dim"]
+    for layer in range(cfg["num_hidden_layers"]):
+        for name in names:
+            for kind in ("weight", "bias"):
+                key = f"model.layers.{layer}.self_attn.{name}_proj.{kind}"
+                t = w[key]
+                w[key] = fn(t.reshape(-1, D, *t.shape[1:])).reshape(t.shape)
+
+
+def _gqa_modulo(w, cfg):
+    """Query head h reading KV head h % Hkv instead of h // (Hq / Hkv), written as the correct
+    model with query heads reordered: position c*g + r holds head c + r*Hkv."""
+    hq, hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    g = hq // hkv
+    order = torch.tensor([c + r * hkv for c in range(hkv) for r in range(g)])
+    _heads(w, cfg, lambda t: t[order], "q")
+    for layer in range(cfg["num_hidden_layers"]):
+        key = f"model.layers.{layer}.self_attn.o_proj.weight"
+        o = w[key]
+        w[key] = o.reshape(o.shape[0], hq, D)[:, order].reshape(o.shape)
+
+
+def _rope_pairs_interleaved(w, cfg):
+    """RoPE on pairs (2i, 2i+1) (GPT-J) instead of (i, i + D/2): the same scores as the correct
+    model with q and k's dims reordered (2i -> i, 2i+1 -> i + D/2)."""
+    D = cfg["head_dim"]
+    order = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])
+    _heads(w, cfg, lambda t: t[:, order], "qk")
+
+
+def _rope_backwards(w, cfg):
+    """Rotation by -angle: the correct model with the second half of q and k negated."""
+    D = cfg["head_dim"]
+    sign = torch.cat([torch.ones(D // 2), -torch.ones(D // 2)]).double()
+    _heads(w, cfg, lambda t: t * sign.view(1, D, *([1] * (t.dim() - 2))), "qk")
+
+
+def _qkv_bias_missing(w, cfg):
+    _heads(w, cfg, lambda t: t * 0 if t.dim() == 2 else t, "qkv")
+
+
+def _head_tied_by_mistake(w, cfg):
+    w["lm_head.weight"] = w["model.embed_tokens.weight"].clone()
+
+
+SPECIFIC["decoder"] = {
+    "gqa_head_map_modulo": ({}, lambda i, e: _decoder(i, _gqa_modulo)),
+    "rope_pairs_interleaved": ({}, lambda i, e: _decoder(i, _rope_pairs_interleaved)),
+    "rope_rotates_backwards": ({}, lambda i, e: _decoder(i, _rope_backwards)),
+    "qkv_bias_missing": ({}, lambda i, e: _decoder(i, _qkv_bias_missing)),
+    "decode_position_off_by_one": ({}, lambda i, e: _decoder(i, decode_position_shift=1)),
+    "untied_head_read_from_embedding": ({}, lambda i, e: _decoder(i, _head_tied_by_mistake)),
+}
+
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
         "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "adamw": (4, 64),
         "bias_gelu": (5, 64), "embedding": (3, 7, 16), "matmul": (24, 40, 20), "swiglu": (24, 40, 20),
         "quantize_fp8": (6, 40), "fp8_matmul": (24, 24, 40),     # fp8_matmul: M = N, for the row/column mutant
-        "fp8_matmul_fast_accum": (24, 24, 40)}
+        "fp8_matmul_fast_accum": (24, 24, 40),
+        "decoder": (1, 32, 4, 2, 8, 64, 96)}                    # 1 layer, GQA 4/2 (the head map shows), D 8
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding
@@ -411,7 +480,20 @@ BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsno
                "matmul": dict(activation="gelu", bias=True), "swiglu": dict(activation="silu", bias=True),
                "quantize_fp8": dict(fmt="e4m3fn", granularity="row"),
                "fp8_matmul": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True),
-               "fp8_matmul_fast_accum": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True)}
+               "fp8_matmul_fast_accum": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True),
+               "decoder": dict(lens="6,3", steps=2, tied=False)}
+
+
+_CONTROLS: dict = {}
+
+
+def _control(case, backend, budgets):
+    """The real kernel on the mutants' case, run once per case (a decoder case takes seconds on
+    the interpreter, and every mutant of an op and dtype shares it)."""
+    key = (case, backend.key)
+    if key not in _CONTROLS:
+        _CONTROLS[key] = run_case(case, backend, budgets)
+    return _CONTROLS[key]
 
 
 def _mutant_params():
@@ -433,7 +515,7 @@ def test_wrong_output_rejected(op, mutant, spec, wrong, dtype, backend, budgets)
     params = {**BASE_PARAMS.get(op, {}), **spec}
     case = Case.make(op, dtype, shape, values=values, seed=11, **params)
 
-    control = run_case(case, backend, budgets)
+    control = _control(case, backend, budgets)
     assert control.passed, "the real kernel must pass the case the mutant is judged on:\n" + control.failure_message()
 
     spec_op = registry.get(op)

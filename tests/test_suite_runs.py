@@ -117,6 +117,18 @@ def test_a_passing_test_without_audit_records_fails_the_run(tmp_path):
     assert rc == 1 and "passed without any audit record" in out, out
 
 
+def test_notes_reach_the_summary_and_the_audit_from_an_xdist_worker(tmp_path):
+    test = tmp_path / "test_notes.py"
+    test.write_text("import pytest\n\n@pytest.mark.parametrize('i', [0, 1])\n"
+                    "def test_leaves_a_note(i, note):\n    note(f'near-tie {i}')\n")
+    path = tmp_path / "audit.json"
+    rc, out = _pytest("-p", "harness.plugin", "-n", "1", str(test), f"--rootdir={tmp_path}", f"--audit-json={path}")
+    assert rc == 0, out
+    assert "notes (2, neither passed nor failed):" in out and "test_leaves_a_note[1]: near-tie 1" in out, out
+    notes = json.loads(path.read_text())["meta"]["notes"]
+    assert [n["note"] for n in notes] == ["near-tie 0", "near-tie 1"]
+
+
 def test_out_of_bounds_guard_names_the_kernel(tmp_path):
     script = tmp_path / "oob.py"
     script.write_text(textwrap.dedent("""
