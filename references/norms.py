@@ -1,5 +1,4 @@
 """Norms as PyTorch users call them."""
-import torch
 import torch.nn.functional as F
 
 

@@ -2,7 +2,6 @@
 fail. Nothing in the sources may skip or xfail on its own: the plugin's two uses that apply the
 ledger are the only ones allowed. And the summary counts gap hits per gap id."""
 import ast
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
