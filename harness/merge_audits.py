@@ -11,6 +11,11 @@
   options) are a gap in the merged audit: refused;
 - parts of any other split (say `--op` groups on a GPU whose calls are time limited).
 
+`--latest-per-op`: a later part re-ran some ops (their kernels changed, or their budgets): each
+op's records are taken from the last part that holds that op, and the earlier parts' records of
+it are dropped (the merged meta lists the ops each part supplied). This is how
+results/gpu-h200/audit.json took each session's re-runs.
+
 Refused with exit code 2: audits of different backends, profiles or versions, a mix of shards
 and unsharded parts, a shard gap as above, and a record (test, case, output) present in more
 than one audit: each check must come from exactly one run. The merged file has the usual
@@ -39,6 +44,17 @@ EXIT_REFUSED = 2               # the audits cannot be merged (as before: argpars
 EXIT_USAGE = 4                 # the baseline or budgets cannot be used (pytest's usage error)
 
 
+def latest_per_op(docs: list[dict]) -> list[dict]:
+    """The parts with each op's records kept only in the last part that holds that op."""
+    last = {r["op"]: i for i, doc in enumerate(docs) for r in doc["records"]}
+    out = []
+    for i, doc in enumerate(docs):
+        kept = [r for r in doc["records"] if last[r["op"]] == i]
+        meta = dict(doc["meta"], supplies_ops=sorted({r["op"] for r in kept}))
+        out.append(dict(doc, records=kept, meta=meta))
+    return out
+
+
 def merge(docs: list[dict], names: list[str] | None = None) -> tuple[list, dict]:
     """The merged records and meta; ValueError (shards.ShardError for a gap) when refused."""
     names = names or [f"audit {i}" for i in range(len(docs))]
@@ -63,7 +79,7 @@ def merge(docs: list[dict], names: list[str] | None = None) -> tuple[list, dict]
     for d in docs:
         part = {"args": audit.meta_value(d["meta"], "args"), "exitstatus": d["meta"].get("exitstatus"),
                 "written": audit.meta_value(d["meta"], "written")}
-        part.update({k: d["meta"][k] for k in ("shard", "gpus") if k in d["meta"]})
+        part.update({k: d["meta"][k] for k in ("shard", "gpus", "supplies_ops") if k in d["meta"]})
         meta["parts"].append(part)
     meta["exitstatus"] = max(int(d["meta"].get("exitstatus") or 0) for d in docs)
     hits = sum((Counter(d["meta"].get("gap_hits") or {}) for d in docs), Counter())
@@ -108,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", metavar="PATH", help="gate the merged records against this baseline")
     ap.add_argument("--update-baseline", action="store_true",
                     help="with --baseline: rewrite PATH from the merged records, if every part passed")
+    ap.add_argument("--latest-per-op", action="store_true",
+                    help="take each op's records from the last audit that holds that op (re-runs replace earlier runs)")
     ap.add_argument("--tolerances", default=str(Path(__file__).resolve().parents[1] / "tolerances.toml"),
                     metavar="PATH", help="the budgets file with the gate's settings (default: the repository's)")
     args = ap.parse_args(argv)
@@ -116,6 +134,8 @@ def main(argv=None) -> int:
     docs = []
     for path in args.audits:
         docs.append(audit.load_json(path))
+    if args.latest_per_op:
+        docs = latest_per_op(docs)
     try:
         records, meta = merge(docs, args.audits)
     except ValueError as exc:
