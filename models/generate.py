@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from models.decode_graph import DecodeGraph
 from models.kv_cache import make_cache
 
 
@@ -92,13 +93,19 @@ def _sync(device):
 
 def generate(model, prompts: list, max_new_tokens: int, sampling: Sampling = Sampling(), *,
              seed: int | None = 0, eos_token_ids=(), cache: str = "contiguous", block_size: int = 16,
-             on_token=None, keep_logits: bool = False) -> Generation:
+             on_token=None, keep_logits: bool = False, cuda_graph: bool | None = None) -> Generation:
     """Continue each prompt (a list of token ids) by up to max_new_tokens tokens.
 
     A sequence stops at an EOS token (kept in its output); the batch stops when all have. Rows
     that stopped still ride along in the batch, their tokens ignored. on_token(step, tokens)
     gets every step's tokens as a list (this costs a host sync per step, as EOS does; without
-    either, tokens stay on the device until the end)."""
+    either, tokens stay on the device until the end).
+
+    cuda_graph (default: on a CUDA device): the prefill of prompts of one length replays a graph
+    of its padded shape (models/prefill_graph.py, kept on the model); the first decode step runs
+    eagerly (it compiles the kernels), the rest replay it from a CUDA graph
+    (models/decode_graph.py). Graphs remove the host's launch cost; a replayed decode step is
+    the eager one, kernel for kernel."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
     prompts = [list(map(int, p)) for p in prompts]
@@ -110,19 +117,22 @@ def generate(model, prompts: list, max_new_tokens: int, sampling: Sampling = Sam
     if not sampling.greedy:
         generator = torch.Generator(device=model.device)
         generator.manual_seed(0 if seed is None else seed)
+    if cuda_graph is None:
+        cuda_graph = torch.device(model.device).type == "cuda"
+    graph = None
     eos = set(eos_token_ids)
     sync_each_step = bool(eos) or on_token is not None
     capacity = max(len(p) for p in prompts) + max_new_tokens
     kv = make_cache(cache, model.config, B, capacity, model.dtype, model.device, block_size=block_size)
 
     start = time.perf_counter()
-    logits = model.prefill(prompts, kv)
+    logits = model.prefill(prompts, kv, cuda_graph=cuda_graph)
     done = [False] * B
     picked = []
     for step in range(max_new_tokens):
         tokens = pick(logits, sampling, generator)
         if keep_logits:
-            result.logits.append(logits.float())
+            result.logits.append(logits.to(torch.float32, copy=True))    # a graph's logits are overwritten
         if step == 0:
             _sync(model.device)
             result.prefill_s = time.perf_counter() - start
@@ -140,7 +150,9 @@ def generate(model, prompts: list, max_new_tokens: int, sampling: Sampling = Sam
         else:
             picked.append(tokens)
         if step + 1 < max_new_tokens:
-            logits = model.decode(tokens, kv)
+            if cuda_graph and graph is None and step >= 1:
+                graph = DecodeGraph(model, kv)
+            logits = graph(tokens) if graph is not None else model.decode(tokens, kv)
     if picked:
         for b, row in enumerate(torch.stack(picked, dim=1).tolist()):
             result.tokens[b] = row
@@ -176,6 +188,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", choices=("contiguous", "paged"), default="contiguous")
     p.add_argument("--block-size", type=int, default=16, help="page size of the paged cache")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    p.add_argument("--no-cuda-graph", action="store_true",
+                   help="decode eagerly (default on a GPU: steps after the first replay a CUDA graph)")
     return p
 
 
@@ -273,7 +287,8 @@ def main(argv=None) -> int:
             shown = text
 
     out = generate(model, [ids], args.max_new_tokens, sampling, seed=args.seed, eos_token_ids=eos,
-                   cache=args.cache, block_size=args.block_size, on_token=stream)
+                   cache=args.cache, block_size=args.block_size, on_token=stream,
+                   cuda_graph=False if args.no_cuda_graph else None)
     text = tokenizer.decode(new_ids, skip_special_tokens=True)
     sys.stdout.write(text[len(shown):] + "\n")
     n = len(out.tokens[0])

@@ -37,10 +37,15 @@ class _Cache:
         """Make room for every sequence to reach new_lengths (CacheFull if it cannot)."""
         raise NotImplementedError
 
-    def set_lengths(self, new_lengths: list, seqlens: torch.Tensor | None = None) -> None:
+    def set_lengths(self, new_lengths: list) -> None:
+        """Both copies of the lengths. The device tensor is updated in place: a captured decode
+        step (models/decode_graph.py) reads and advances that very tensor."""
         self.lengths = list(new_lengths)
-        self.seqlens = seqlens if seqlens is not None else torch.tensor(new_lengths, dtype=torch.int32,
-                                                                         device=self.device)
+        self.seqlens.copy_(torch.tensor(new_lengths, dtype=torch.int32))
+
+    def advance(self) -> None:
+        """Host side of a decode step whose kernels already advanced `seqlens` on the device."""
+        self.lengths = [n + 1 for n in self.lengths]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor):
         """Store k, v [N, Hkv, D] at (rows[i], positions[i]); rows and positions are int64 [N]."""
@@ -48,6 +53,10 @@ class _Cache:
 
     def view(self, layer: int):
         """(k_cache, v_cache, block_table or None) of a layer, as decode_attention takes them."""
+        raise NotImplementedError
+
+    def write_prefix(self, k: torch.Tensor, v: torch.Tensor):
+        """Store k, v [layers, batch, T, Hkv, D] at positions 0..T-1 of every row and layer."""
         raise NotImplementedError
 
 
@@ -73,6 +82,11 @@ class ContiguousKVCache(_Cache):
 
     def view(self, layer):
         return self.k[layer], self.v[layer], None
+
+    def write_prefix(self, k, v):
+        T = k.shape[2]
+        self.k[:, :, :T] = k
+        self.v[:, :, :T] = v
 
 
 class PagedKVCache(_Cache):
@@ -121,6 +135,15 @@ class PagedKVCache(_Cache):
 
     def view(self, layer):
         return self.k[layer], self.v[layer], self.block_table
+
+    def write_prefix(self, k, v):
+        L, B, T = k.shape[:3]
+        positions = torch.arange(T, device=self.device).repeat(B)
+        rows = torch.arange(B, device=self.device).repeat_interleave(T)
+        page = self.block_table[rows, positions // self.block_size].long()
+        slot = positions % self.block_size
+        self.k[:, page, slot] = k.reshape(L, B * T, *k.shape[3:])
+        self.v[:, page, slot] = v.reshape(L, B * T, *v.shape[3:])
 
 
 def make_cache(kind: str, config: Qwen2Config, batch: int, capacity: int, dtype, device, *,

@@ -39,8 +39,8 @@ class LayerWeights:
     qkv_b: torch.Tensor           # [(Hq + 2 Hkv) D]
     o_w: torch.Tensor             # [H, Hq D]
     post_norm: torch.Tensor       # [H]
-    gate_w: torch.Tensor          # [I, H]
-    up_w: torch.Tensor            # [I, H]
+    gate_w: torch.Tensor          # [I, H]  } the two halves of one [2I, H] tensor
+    up_w: torch.Tensor            # [I, H]  }
     down_w: torch.Tensor          # [H, I]
 
 
@@ -54,6 +54,7 @@ class Qwen2Decoder:
         self.lm_head = lm_head          # the embedding itself when tied
         self.dtype = embed.dtype
         self.device = embed.device
+        self.prefill_graphs = {}        # (batch, padded length) -> PrefillGraph (models/prefill_graph.py)
 
     @classmethod
     def from_tensors(cls, config: Qwen2Config, tensors: dict, dtype: torch.dtype, device) -> "Qwen2Decoder":
@@ -63,15 +64,18 @@ class Qwen2Decoder:
             return tensors[name].to(device=device, dtype=dtype).contiguous()
 
         layers = []
+        I = config.intermediate_size
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
             qkv_w = torch.cat([t(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
             qkv_b = torch.cat([t(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+            # gate and up as the two halves of one [2I, H] tensor: swiglu's merged-weight TMA path
+            # (one accumulator over both; kernels/gemm.py)
+            gate_up = torch.cat([t(p + "mlp.gate_proj.weight"), t(p + "mlp.up_proj.weight")])
             layers.append(LayerWeights(
                 input_norm=t(p + "input_layernorm.weight"), qkv_w=qkv_w, qkv_b=qkv_b,
                 o_w=t(p + "self_attn.o_proj.weight"), post_norm=t(p + "post_attention_layernorm.weight"),
-                gate_w=t(p + "mlp.gate_proj.weight"), up_w=t(p + "mlp.up_proj.weight"),
-                down_w=t(p + "mlp.down_proj.weight")))
+                gate_w=gate_up[:I], up_w=gate_up[I:], down_w=t(p + "mlp.down_proj.weight")))
         embed = t("model.embed_tokens.weight")
         lm_head = embed if config.tie_word_embeddings else t("lm_head.weight")
         return cls(config, embed, layers, t("model.norm.weight"), lm_head)
@@ -110,11 +114,15 @@ class Qwen2Decoder:
         return kernels.matmul(h, self.lm_head)
 
     # -----------------------------------------------------------------------------------------
-    def prefill(self, prompts: list, cache: _Cache | None = None, *, all_logits: bool = False) -> torch.Tensor:
+    def prefill(self, prompts: list, cache: _Cache | None = None, *, all_logits: bool = False,
+                cuda_graph: bool = False) -> torch.Tensor:
         """Run whole prompts (lists or 1-d tensors of token ids, of any lengths >= 1) as one packed
         batch. With a cache (empty, one row per prompt) their keys and values are stored in it.
         Returns the logits of each prompt's last token [B, V], or with all_logits those of every
-        token, packed [sum of lengths, V]."""
+        token, packed [sum of lengths, V].
+
+        cuda_graph: prompts of one length (last-token logits only) replay a CUDA graph of their
+        padded shape, captured on first use (models/prefill_graph.py); others run eagerly."""
         lens = [len(p) for p in prompts]
         if not lens or min(lens) < 1:
             raise ValueError(f"prompts: expected at least one prompt, each of >= 1 token, got lengths {lens}")
@@ -125,6 +133,17 @@ class Qwen2Decoder:
             cache.reserve(lens)
         dev = self.device
         ids = torch.cat([torch.as_tensor(p, dtype=torch.int64).view(-1) for p in prompts]).to(dev)
+        if cuda_graph and not all_logits and len(set(lens)) == 1:
+            from models.prefill_graph import MAX_TOKENS, PrefillGraph, bucket
+
+            key = (len(lens), bucket(lens[0]))
+            if key[0] * key[1] <= MAX_TOKENS:
+                if key not in self.prefill_graphs:
+                    self.prefill_graphs[key] = PrefillGraph(self, *key)
+                logits = self.prefill_graphs[key](ids.view(len(lens), -1), cache)
+                if cache is not None:
+                    cache.set_lengths(lens)
+                return logits
         positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens]).to(dev)
         rows = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens)).to(dev)
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
@@ -157,11 +176,19 @@ class Qwen2Decoder:
         B = cache.batch
         if tokens.shape != (B,):
             raise ValueError(f"tokens: expected shape ({B},) (one per cache row), got {tuple(tokens.shape)}")
-        new_lengths = [n + 1 for n in cache.lengths]
-        cache.reserve(new_lengths)
+        cache.reserve([n + 1 for n in cache.lengths])
+        logits = self.decode_step(tokens, cache)
+        cache.advance()
+        return logits
+
+    def decode_step(self, tokens: torch.Tensor, cache: _Cache) -> torch.Tensor:
+        """The device work of decode(): every tensor it reads or writes other than tokens lives in
+        the cache, and it ends by advancing cache.seqlens in place, so a CUDA graph can capture
+        it once and replay it every step (models/decode_graph.py). The caller reserves room
+        first and advances the host lengths after."""
         positions = cache.seqlens.long()
         seqlens = cache.seqlens + 1
-        rows = torch.arange(B, device=self.device)
+        rows = torch.arange(cache.batch, device=self.device)
 
         def attend(i, q, k, v):
             cache.write(i, k, v, rows, positions)
@@ -170,5 +197,5 @@ class Qwen2Decoder:
 
         x = kernels.embedding(tokens, self.embed, validate=False)
         h = self._layers(x, positions, attend)
-        cache.set_lengths(new_lengths, seqlens)
+        cache.seqlens.copy_(seqlens)
         return self.logits(h)

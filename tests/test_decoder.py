@@ -20,7 +20,7 @@ import torch
 
 from harness import registry
 from harness.cases import Case
-from harness.ops.decoder import judge_greedy, oracle_model, run_model, sequences, split_rows
+from harness.ops.decoder import judge_greedy, oracle_model, oracle_outputs, run_model, sequences, split_rows
 from models.config import ConfigError, Qwen2Config
 from models.generate import Sampling, filter_logits, generate, load_tokenizer, main, pick, prompt_ids
 from models.kv_cache import CacheFull, make_cache
@@ -174,6 +174,94 @@ def test_generate_ragged_greedy_batch_equals_prompts_alone(op, dtype, backend):
     def cut(tokens):
         return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
     assert generate(model, prompts, 3, eos_token_ids=[eos]).tokens == [cut(t) for t in alone]
+
+
+def _graph_params(*dtypes):
+    """Decode steps replayed from a CUDA graph: a GPU-only config (harness/gaps.py,
+    interp-no-cuda-graph marks these strict xfails on the interpreter)."""
+    return [pytest.param("decoder", d, "cuda_graph", id=f"{d}-cuda_graph", marks=pytest.mark.op("decoder"))
+            for d in dtypes]
+
+
+@pytest.mark.parametrize("op,dtype,config", _graph_params("float32", "bfloat16"))
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_cuda_graph_decode_is_the_eager_decode_bit_for_bit(op, dtype, config, cache, backend):
+    """The captured step replays the eager step's kernels on the same inputs, so every step's
+    logits must be identical, bit for bit: a ragged batch, 7 steps with pages of 2 (new pages
+    are reserved between replays, so a stale block table would show), and generate() with and
+    without the graph picks the same tokens."""
+    from models.decode_graph import DecodeGraph
+
+    inp = _inputs(_case(dtype, shape=(2, 32, 4, 2, 8, 64, 96), seed=11, lens="5,2,3", steps=7), backend)
+    model, prompts, cont = inp["model"], inp["prompts"], inp["cont"]
+    kw = dict(cache=cache, block_size=2)
+    _, eager = run_model(model, prompts, cont, **kw)
+
+    kv = make_cache(cache, model.config, len(prompts), max(map(len, prompts)) + inp["steps"], model.dtype,
+                    model.device, block_size=2, poison=True)
+    model.prefill(prompts, kv)
+    steps = [model.decode(cont[:, 0].to(model.device), kv).clone()]     # compiles every kernel
+    graph = DecodeGraph(model, kv)
+    steps += [graph(cont[:, s].to(model.device)).clone() for s in range(1, inp["steps"])]
+    for s, got in enumerate(steps):
+        assert torch.equal(got, eager[:, s]), f"step {s}: the graph's logits differ from the eager step's"
+    assert kv.lengths == [len(p) + inp["steps"] for p in prompts]
+    assert kv.seqlens.tolist() == kv.lengths
+
+    want = generate(model, prompts, 6, cuda_graph=False, **kw).tokens
+    assert generate(model, prompts, 6, cuda_graph=True, **kw).tokens == want
+
+
+@pytest.mark.parametrize("op,dtype,config", _graph_params("float32", "bfloat16"))
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_cuda_graph_prefill_matches_the_oracle(op, dtype, config, cache, backend, budgets):
+    """Two prompts of 5 tokens through the captured prefill (padded to 16 tokens each inside the
+    graph): their last-token logits, then 3 teacher-forced decode steps that read the keys and
+    values the graph staged into the cache, all within the budget of transformers' float64
+    model. Padding that leaked into a real token, or a stale or misplaced cache copy, would show.
+    Twice: the second call replays the graph the first captured."""
+    inp = _inputs(_case(dtype, shape=(2, 32, 4, 2, 8, 64, 96), seed=12, lens="5,5", steps=3), backend)
+    model, prompts, cont = inp["model"], inp["prompts"], inp["cont"]
+    budget = budgets.get("decoder", dtype, backend.name)
+    want_prefill, want_decode = oracle_outputs(inp)
+    scale_prefill, scale_decode = split_rows(_scale(inp, sequences(inp)), inp["lens"], inp["steps"])
+    last = torch.tensor(inp["lens"]).cumsum(0) - 1
+    for call in range(2):
+        kv = make_cache(cache, model.config, 2, 5 + inp["steps"], model.dtype, model.device, block_size=2,
+                        poison=True)
+        got = model.prefill(prompts, kv, cuda_graph=True)
+        _assert_close(f"call {call} prefill", got, want_prefill[last], _allowed(budget, scale_prefill[last]))
+        for s in range(inp["steps"]):
+            _assert_close(f"call {call} decode step {s}", model.decode(cont[:, s].to(model.device), kv),
+                          want_decode[:, s], _allowed(budget, scale_decode[:, s]))
+    assert list(model.prefill_graphs) == [(2, 16)]
+
+
+@pytest.mark.parametrize("block_size", [1, 3])
+def test_write_prefix_equals_a_write_per_layer(block_size):
+    """The all-layers copy a graph prefill ends with stores what the per-layer writes would
+    (cache tensors only, no kernel: any backend)."""
+    cfg = Qwen2Config.from_dict(dict(model_type="qwen2", vocab_size=8, hidden_size=8, intermediate_size=8,
+                                     num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1))
+    L, B, T, D = 3, 2, 5, cfg.head_dim
+    k, v = torch.randn(2, L, B, T, 1, D).unbind(0)
+    rows, positions = torch.arange(B).repeat_interleave(T), torch.arange(T).repeat(B)
+    for kind in ("contiguous", "paged"):
+        a, b = (make_cache(kind, cfg, B, 7, torch.float32, "cpu", block_size=block_size, poison=True)
+                for _ in range(2))
+        for c in (a, b):
+            c.reserve([T] * B)
+        a.write_prefix(k, v)
+        for i in range(L):
+            b.write(i, k[i].reshape(B * T, 1, D), v[i].reshape(B * T, 1, D), rows, positions)
+        assert torch.equal(a.k.nan_to_num(7.0), b.k.nan_to_num(7.0)), kind
+        assert torch.equal(a.v.nan_to_num(7.0), b.v.nan_to_num(7.0)), kind
+
+
+def test_prefill_buckets():
+    from models.prefill_graph import bucket
+    assert [bucket(t) for t in (1, 16, 17, 512, 513, 1024, 1025, 1536, 4096, 4097)] == \
+        [16, 16, 32, 512, 1024, 1024, 1536, 1536, 4096, 4608]
 
 
 # ---------------------------------------------------------------------------------------------
