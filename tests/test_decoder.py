@@ -18,6 +18,7 @@ import json
 import pytest
 import torch
 
+import kernels
 from harness import registry
 from harness.cases import Case
 from harness.ops.decoder import judge_greedy, oracle_model, oracle_outputs, run_model, sequences, split_rows
@@ -212,14 +213,7 @@ def test_cuda_graph_decode_is_the_eager_decode_bit_for_bit(op, dtype, config, ca
     assert generate(model, prompts, 6, cuda_graph=True, **kw).tokens == want
 
 
-@pytest.mark.parametrize("op,dtype,config", _graph_params("float32", "bfloat16"))
-@pytest.mark.parametrize("cache", ["contiguous", "paged"])
-def test_cuda_graph_prefill_matches_the_oracle(op, dtype, config, cache, backend, budgets):
-    """Two prompts of 5 tokens through the captured prefill (padded to 16 tokens each inside the
-    graph): their last-token logits, then 3 teacher-forced decode steps that read the keys and
-    values the graph staged into the cache, all within the budget of transformers' float64
-    model. Padding that leaked into a real token, or a stale or misplaced cache copy, would show.
-    Twice: the second call replays the graph the first captured."""
+def _check_graph_prefill(dtype, cache, backend, budgets):
     inp = _inputs(_case(dtype, shape=(2, 32, 4, 2, 8, 64, 96), seed=12, lens="5,5", steps=3), backend)
     model, prompts, cont = inp["model"], inp["prompts"], inp["cont"]
     budget = budgets.get("decoder", dtype, backend.name)
@@ -235,6 +229,36 @@ def test_cuda_graph_prefill_matches_the_oracle(op, dtype, config, cache, backend
             _assert_close(f"call {call} decode step {s}", model.decode(cont[:, s].to(model.device), kv),
                           want_decode[:, s], _allowed(budget, scale_decode[:, s]))
     assert list(model.prefill_graphs) == [(2, 16)]
+
+
+@pytest.mark.parametrize("op,dtype,config", _graph_params("float32", "bfloat16"))
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_cuda_graph_prefill_matches_the_oracle(op, dtype, config, cache, backend, budgets):
+    """Two prompts of 5 tokens through the captured prefill (padded to 16 tokens each inside the
+    graph): their last-token logits, then 3 teacher-forced decode steps that read the keys and
+    values the graph staged into the cache, all within the budget of transformers' float64
+    model. Twice: the second call replays the graph the first captured."""
+    _check_graph_prefill(dtype, cache, backend, budgets)
+
+
+@pytest.mark.parametrize("op,dtype,config", _graph_params("bfloat16"))
+@pytest.mark.parametrize("mutant", ["padding_seen", "cache_shifted"])
+def test_cuda_graph_prefill_check_catches(op, dtype, config, mutant, backend, budgets, monkeypatch):
+    """The check above fails on a graph whose attention lets real tokens see the padding after
+    them (not causal), and on a cache copy one position off."""
+    import models.kv_cache
+    import models.prefill_graph
+
+    if mutant == "padding_seen":
+        real = kernels.flash_attention
+        monkeypatch.setattr(models.prefill_graph.kernels, "flash_attention",
+                            lambda q, k, v, causal, **kw: real(q, k, v, False, **kw))
+    else:
+        real = models.kv_cache.ContiguousKVCache.write_prefix
+        monkeypatch.setattr(models.kv_cache.ContiguousKVCache, "write_prefix",
+                            lambda self, k, v: real(self, k.roll(1, dims=2), v.roll(1, dims=2)))
+    with pytest.raises(AssertionError):
+        _check_graph_prefill(dtype, "contiguous", backend, budgets)
 
 
 @pytest.mark.parametrize("block_size", [1, 3])
