@@ -10,7 +10,8 @@ tiles running at the same time share their weight columns in L2.
 
 Two paths, one result: fp16/bf16 operands that are row-major with 16-byte aligned rows (the
 usual case) go to a persistent kernel fed by TMA descriptors; anything else (fp32, transposed or
-sliced weights, odd K) to the pointer kernel, which takes any strides. SwiGLU takes the TMA path
+sliced weights, odd K) to the pointer kernel, which takes any strides; so do 16-bit matmuls of at
+most 16 rows (decode), with narrow tiles that spread the weight over many programs. SwiGLU takes the TMA path
 when its two weights are the halves of one [2N, K] tensor (a merged gate_up projection), where
 one accumulator covers both; two separate weights keep the pointer kernel. The tests reach
 every path: contiguous cases (merged or not) and the other layouts and fp32.
@@ -295,10 +296,31 @@ def _launch_tma(x2, w, biases, out2, activation, cfg, gated):
         NUM_PROGRAMS=programs, **cfg)
 
 
+def _small_m_config(N, K):
+    """Tiles for a 16-bit matmul of at most 16 rows (a decode step's projections), from GPU
+    times measured inside CUDA graphs on an H200 (bench/explore_decode_gemv.py; do_bench of such
+    short calls measures the host). Reading the weight is the whole cost, so what counts is how
+    many programs read it: the TMA path's 16 x 256 tiles put Qwen2-1.5B's o and down projections
+    (N 1536) on 6 SMs, and its down projection took 63 us at M = 1; pointer loads with 32-column,
+    512-deep tiles take 15 us (cuBLAS 9.5), qkv 17 -> 6.2 us (cuBLAS 5.0), o 12.7 -> 5.7 (6.7).
+    A vocabulary-sized N has programs to spare and keeps 128 x 256 tiles (LM head 116 -> 110 us,
+    cuBLAS 110)."""
+    bn, bk = (128, 256) if N >= 16384 else (32, 512)
+    bn = min(bn, max(16, triton.next_power_of_2(N)))
+    bk = min(bk, max(16, triton.next_power_of_2(max(K, 1))))
+    return dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=3)
+
+
 def _run(x2, weights, biases, out2, activation, gated, block_m, block_n, block_k, group_m):
-    """The TMA path where the operands allow it, else pointer loads (any strides, fp32)."""
+    """The TMA path where the operands allow it, else pointer loads (any strides, fp32). A
+    16-bit matmul of at most 16 rows with no tiles asked for takes the pointer kernel with
+    narrow tiles (_small_m_config)."""
     M, K = x2.shape
     N = weights[0].shape[0]
+    if (not gated and M <= 16 and x2.element_size() == 2 and block_m is None and block_n is None
+            and block_k is None):
+        _launch(x2, weights, biases, out2, activation, _small_m_config(N, K), gated)
+        return
     # SwiGLU takes the TMA path only with merged weights (one accumulator over both): two
     # separate weights on TMA, with two accumulators, ran 545 TFLOP/s against 580-597 for
     # the pointer kernel (H200 sweep), which keeps that case.

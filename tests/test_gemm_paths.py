@@ -31,6 +31,26 @@ def test_layout_chooses_the_path_and_both_paths_agree(backend, monkeypatch):
     torch.testing.assert_close(y_tma, y_ptr, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.op("matmul")
+def test_few_rows_take_the_narrow_pointer_tiles_and_agree_with_tma(backend, monkeypatch):
+    """A 16-bit matmul of <= 16 rows with no tiles asked for (a decode step's projection) takes
+    the pointer kernel with narrow tiles; asked-for tiles or 17 rows keep the TMA path."""
+    dev = backend.device
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(17, 96, generator=g).half().to(dev)
+    w = torch.randn(40, 96, generator=g).half().to(dev)
+    b = torch.randn(40, generator=g).half().to(dev)
+    taken = _spy(monkeypatch)
+    y_narrow = kernels.matmul(a[:16], w, b)
+    y_tma = kernels.matmul(a[:16], w, b, block_m=16, block_n=16, block_k=16)
+    y_17 = kernels.matmul(a, w, b)
+    assert taken == ["_launch", "_launch_tma", "_launch_tma"]
+    torch.testing.assert_close(y_narrow, y_tma, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(y_narrow, y_17[:16], atol=1e-3, rtol=1e-3)
+    assert gemm._small_m_config(151936, 1536)["BLOCK_N"] == 128
+    assert gemm._small_m_config(1536, 8960)["BLOCK_K"] == 512
+
+
 @pytest.mark.op("swiglu")
 def test_swiglu_takes_tma_only_with_merged_weights_and_the_paths_agree(backend, monkeypatch):
     dev = backend.device
