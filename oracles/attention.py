@@ -44,7 +44,34 @@ def _head(q, k, v, visible, scale):
     return np.where(anything[:, None], out, 0.0), np.where(anything, lse, -np.inf)
 
 
-def _sequence(q, k, v, causal, scale):
+def _head_out_magnitude(q, k, v, visible, scale):
+    """One head, in _head's shapes: (M [Tq, Dv], lse [Tq]) with M[i, d] = score_mag_i *
+    sum_j p_ij |v_jd - out_id|, score_mag_i = scale * max over visible j of sum |q_i| |k_j|.
+
+    First-order error analysis of out = sum_j p_j v_j: a score error ds_j moves out by
+    sum_j p_j (v_j - out) ds_j, and each score rounds relative to its own sum of |q| |k| terms
+    (at most score_mag), so out moves by at most score_mag * sum_j p_j |v_j - out| per unit of
+    relative score error. Rows of huge scores (the outlier regime) with two or more keys sharing
+    the weight make this far larger than |out|; a one-hot row (sum_j p_j |v_j - out| = 0) or a
+    row of modest scores does not. Non-finite values are left out (their elements are judged by
+    the non-finite rules); rows that see nothing get 0."""
+    s = np.where(visible, (q @ k.T) * scale, -np.inf)
+    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+    e = np.where(visible, np.exp(s - m), 0.0)
+    p = np.where(visible, e / np.sum(e, axis=-1, keepdims=True), 0.0)
+    vf = np.where(np.isfinite(v), v, 0.0)
+    out = p @ vf
+    spread = np.zeros_like(out)                 # sum_j p_ij |v_jd - out_id|, a few rows at a time
+    rows = max(1, (1 << 22) // max(1, v.shape[0] * v.shape[1]))
+    for i in range(0, out.shape[0], rows):
+        spread[i:i + rows] = np.einsum("ij,ijd->id", p[i:i + rows],
+                                       np.abs(vf[None, :, :] - out[i:i + rows, None, :]))
+    mag = np.where(visible, np.abs(q) @ np.abs(k).T, -np.inf).max(axis=-1, initial=-np.inf) * scale
+    mag = np.where(np.isfinite(mag), mag, 0.0)
+    return np.nan_to_num(mag[:, None] * spread, nan=0.0, posinf=0.0), np.zeros(q.shape[0])
+
+
+def _sequence(q, k, v, causal, scale, head=_head):
     """q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> out [Tq, Hq, Dv], lse [Hq, Tq]."""
     Tq, Hq, _ = q.shape
     Tk, Hkv, Dv = v.shape
@@ -55,7 +82,7 @@ def _sequence(q, k, v, causal, scale):
     out = np.zeros((Tq, Hq, Dv))
     lse = np.full((Hq, Tq), -np.inf)
     for h in range(Hq):
-        out[:, h], lse[h] = _head(q[:, h], k[:, h // group], v[:, h // group], visible, scale)
+        out[:, h], lse[h] = head(q[:, h], k[:, h // group], v[:, h // group], visible, scale)
     return out, lse
 
 
@@ -63,7 +90,7 @@ def _default_scale(q, scale):
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
 
-def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, _head_fn=_head):
     """Fixed length: q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] -> out [B, Tq, Hq, D], lse [B, Hq, Tq].
     Varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens_* [B + 1]
     -> out [total_q, Hq, D], lse [Hq, total_q]. lse is the natural log-sum-exp of the scaled,
@@ -76,7 +103,7 @@ def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seq
             out = np.zeros((B, Tq, Hq, vn.shape[-1]))
             lse = np.full((B, Hq, Tq), -np.inf)
             for b in range(B):
-                out[b], lse[b] = _sequence(qn[b], kn[b], vn[b], causal, scale)
+                out[b], lse[b] = _sequence(qn[b], kn[b], vn[b], causal, scale, _head_fn)
             return tensor(out), tensor(lse)
         if cu_seqlens_q is None or cu_seqlens_k is None:
             raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
@@ -94,11 +121,11 @@ def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seq
         lse = np.full((Hq, total_q), -np.inf)
         for b in range(len(cq) - 1):
             q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
-            out[q0:q1], lse[:, q0:q1] = _sequence(qn[q0:q1], kn[k0:k1], vn[k0:k1], causal, scale)
+            out[q0:q1], lse[:, q0:q1] = _sequence(qn[q0:q1], kn[k0:k1], vn[k0:k1], causal, scale, _head_fn)
         return tensor(out), tensor(lse)
 
 
-def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
+def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None, _head_fn=_head):
     """q [B, Hq, D]; caches [B, Tmax, Hkv, D], or with block_table [B, max_blocks] paged caches
     [num_blocks, block_size, Hkv, D] (position p of row b at block_table[b, p // block_size],
     slot p % block_size). Row b attends to positions < seqlens[b] -> out [B, Hq, D]."""
@@ -123,8 +150,19 @@ def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None)
                 if np.any((blocks < 0) | (blocks >= kc.shape[0])):
                     raise ValueError(f"block_table[{b}] names blocks outside [0, {kc.shape[0]})")
                 k, v = kc[blocks, pos % block_size], vc[blocks, pos % block_size]
-            out[b] = _sequence(qn[b][None], k, v, False, scale)[0][0]
+            out[b] = _sequence(qn[b][None], k, v, False, scale, _head_fn)[0][0]
     return tensor(out)
+
+
+def out_magnitude(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """flash_attention's out-shaped bound magnitude (_head_out_magnitude): how far the rounding
+    of the scores can move each output, per unit of relative score error."""
+    return flash_attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, _head_fn=_head_out_magnitude)[0]
+
+
+def decode_out_magnitude(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
+    """The same for decode_attention's out [B, Hq, D]."""
+    return decode_attention(q, k_cache, v_cache, seqlens, scale, block_table, _head_fn=_head_out_magnitude)
 
 
 def lse_magnitude(q, k, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):

@@ -118,3 +118,23 @@ def test_two_runs_give_identical_bits(op, dtype, backend):
         run = lambda: (kernels.decode_attention(q, k, v, seqlens, num_splits=3),)  # noqa: E731
     first, second = run(), run()
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_out_magnitude_follows_its_definition():
+    """The float32 error scale of attention's out (oracles.attention.out_magnitude): score
+    magnitude x sum_j p_j |v_j - out|. Zero for a one-hot row; for two keys with equal scores
+    |v_0 - v_1| / 2 times the score magnitude; decode's equals flash's on the same row."""
+    from oracles.attention import decode_out_magnitude, out_magnitude
+
+    q = torch.tensor([[[[1.0, 0.0]], [[0.0, 1000.0]]]])             # [1, 2, 1, 2]: two query rows
+    k = torch.tensor([[[[1.0, 2.0]], [[1.0, 2.0]]]])                  # two equal keys
+    v = torch.tensor([[[[0.0, 4.0]], [[2.0, 0.0]]]])
+    mag = out_magnitude(q, k, v, scale=1.0)
+    # row 0: scores 1 and 1, p = (1/2, 1/2), out = (1, 2): spread (1, 2), score magnitude 1
+    torch.testing.assert_close(mag[0, 0, 0], torch.tensor([1.0, 2.0], dtype=torch.float64))
+    # row 1: scores 2000, 2000: score magnitude 2000
+    torch.testing.assert_close(mag[0, 1, 0], torch.tensor([2000.0, 4000.0], dtype=torch.float64))
+    k1 = torch.tensor([[[[1.0, 2.0]], [[1.0, -2.0]]]])                # row 1 now one-hot on key 0
+    assert torch.equal(out_magnitude(q, k1, v, scale=1.0)[0, 1, 0], torch.zeros(2, dtype=torch.float64))
+    dec = decode_out_magnitude(q[:, 1], k, v, torch.tensor([2]), scale=1.0)
+    torch.testing.assert_close(dec[0, 0], mag[0, 1, 0])
