@@ -12,8 +12,9 @@
 - parts of any other split (say `--op` groups on a GPU whose calls are time limited).
 
 `--latest-per-op`: a later part re-ran some ops (their kernels changed, or their budgets): each
-op's records are taken from the last part that holds that op, and the earlier parts' records of
-it are dropped (the merged meta lists the ops each part supplied). This is how
+op's records of a dtype are taken from the last part that holds that op in that dtype, and the
+earlier parts' records of it are dropped (the merged meta lists the ops each part supplied). A
+re-run of one dtype (say the float32 attention budgets) leaves the op's other dtypes alone. This is how
 results/gpu-h200/audit.json took each session's re-runs.
 
 Refused with exit code 2: audits of different backends, profiles or versions, a mix of shards
@@ -45,11 +46,14 @@ EXIT_USAGE = 4                 # the baseline or budgets cannot be used (pytest'
 
 
 def latest_per_op(docs: list[dict]) -> list[dict]:
-    """The parts with each op's records kept only in the last part that holds that op."""
-    last = {r["op"]: i for i, doc in enumerate(docs) for r in doc["records"]}
+    """The parts with each (op, dtype)'s records kept only in the last part that holds them."""
+    def key(r):
+        return r["op"], r.get("dtype")
+
+    last = {key(r): i for i, doc in enumerate(docs) for r in doc["records"]}
     out = []
     for i, doc in enumerate(docs):
-        kept = [r for r in doc["records"] if last[r["op"]] == i]
+        kept = [r for r in doc["records"] if last[key(r)] == i]
         meta = dict(doc["meta"], supplies_ops=sorted({r["op"] for r in kept}))
         out.append(dict(doc, records=kept, meta=meta))
     return out
@@ -125,7 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--update-baseline", action="store_true",
                     help="with --baseline: rewrite PATH from the merged records, if every part passed")
     ap.add_argument("--latest-per-op", action="store_true",
-                    help="take each op's records from the last audit that holds that op (re-runs replace earlier runs)")
+                    help="take each op's records of a dtype from the last audit that holds them (re-runs replace "
+                         "earlier runs)")
     ap.add_argument("--tolerances", default=str(Path(__file__).resolve().parents[1] / "tolerances.toml"),
                     metavar="PATH", help="the budgets file with the gate's settings (default: the repository's)")
     args = ap.parse_args(argv)

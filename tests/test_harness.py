@@ -247,15 +247,17 @@ def test_merge_latest_per_op_takes_each_op_from_its_last_run():
     earlier parts; ops it did not run keep theirs. Without the option the overlap is refused."""
     from harness.merge_audits import latest_per_op, merge
 
-    def rec(op, case, usage):
-        return {"test": "t::random", "case": case, "output": "y", "op": op, "dtype": "float32", "usage": usage,
+    def rec(op, case, usage, dtype="float32"):
+        return {"test": "t::random", "case": case, "output": "y", "op": op, "dtype": dtype, "usage": usage,
                 "passed": True, "gap": None}
     meta = {"backend": "gpu:X", "device": "X", "profile": "gpu", "versions": {}, "exitstatus": 0}
-    first = {"meta": meta, "records": [rec("matmul", "m1", 0.9), rec("softmax", "s1", 0.2)]}
+    first = {"meta": meta, "records": [rec("matmul", "m1", 0.9), rec("softmax", "s1", 0.2),
+                                       rec("matmul", "h1", 0.5, "float16")]}
     rerun = {"meta": meta, "records": [rec("matmul", "m1", 0.3), rec("matmul", "m2", 0.4)]}
     with pytest.raises(ValueError, match="ran twice"):
         merge([first, rerun])
     records, merged = merge(latest_per_op([first, rerun]))
+    # the re-run held matmul in float32 only: matmul's float16 records stay
     assert sorted((r["op"], r["case"], r["usage"]) for r in records) == [
-        ("matmul", "m1", 0.3), ("matmul", "m2", 0.4), ("softmax", "s1", 0.2)]
-    assert [p["supplies_ops"] for p in merged["parts"]] == [["softmax"], ["matmul"]]
+        ("matmul", "h1", 0.5), ("matmul", "m1", 0.3), ("matmul", "m2", 0.4), ("softmax", "s1", 0.2)]
+    assert [p["supplies_ops"] for p in merged["parts"]] == [["matmul", "softmax"], ["matmul"]]
