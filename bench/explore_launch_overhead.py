@@ -14,7 +14,6 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
+from bench.explore_decoder_overhead import host_us  # noqa: E402
 from kernels import _launch, gemm, norms  # noqa: E402
 
 
@@ -32,17 +32,6 @@ from kernels import _launch, gemm, norms  # noqa: E402
 def _noop(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
-
-
-def host_us(fn, n=300) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / n * 1e6
 
 
 def main():
