@@ -127,9 +127,11 @@ class PagedKVCache(_Cache):
             table = [row + [0] * (self.max_blocks - len(row)) for row in self.pages]
             self.block_table.copy_(torch.tensor(table, dtype=torch.int32))
 
+    def _page_slot(self, rows, positions):
+        return self.block_table[rows, positions // self.block_size].long(), positions % self.block_size
+
     def write(self, layer, k, v, rows, positions):
-        page = self.block_table[rows, positions // self.block_size].long()
-        slot = positions % self.block_size
+        page, slot = self._page_slot(rows, positions)
         self.k[layer][page, slot] = k
         self.v[layer][page, slot] = v
 
@@ -138,10 +140,8 @@ class PagedKVCache(_Cache):
 
     def write_prefix(self, k, v):
         L, B, T = k.shape[:3]
-        positions = torch.arange(T, device=self.device).repeat(B)
-        rows = torch.arange(B, device=self.device).repeat_interleave(T)
-        page = self.block_table[rows, positions // self.block_size].long()
-        slot = positions % self.block_size
+        page, slot = self._page_slot(torch.arange(B, device=self.device).repeat_interleave(T),
+                                     torch.arange(T, device=self.device).repeat(B))
         self.k[:, page, slot] = k.reshape(L, B * T, *k.shape[3:])
         self.v[:, page, slot] = v.reshape(L, B * T, *v.shape[3:])
 

@@ -21,14 +21,19 @@ def _visible(Tq, Tk, causal):
     return j <= i + (Tk - Tq)
 
 
-def _head(q, k, v, visible, scale):
-    """One head of one sequence: q [Tq, D], k [Tk, D], v [Tk, Dv] -> out [Tq, Dv], lse [Tq]."""
+def _softmax(q, k, visible, scale):
+    """Masked scores s [Tq, Tk], their row max m and sum of exponentials total [Tq, 1], and the
+    weights p (0 for masked keys and in rows with nothing visible)."""
     s = np.where(visible, (q @ k.T) * scale, -np.inf)
     m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
     e = np.where(visible, np.exp(s - m), 0.0)
     total = np.sum(e, axis=-1, keepdims=True)
-    p = e / total
-    p = np.where(visible, p, 0.0)              # masked keys (and rows with nothing visible): 0
+    return s, m, total, np.where(visible, e / total, 0.0)
+
+
+def _head(q, k, v, visible, scale):
+    """One head of one sequence: q [Tq, D], k [Tk, D], v [Tk, Dv] -> out [Tq, Dv], lse [Tq]."""
+    s, m, total, p = _softmax(q, k, visible, scale)
     # out[i] = sum over visible j of p[i, j] * v[j]. The product p @ v would also multiply the
     # masked keys' zeros into their values (0 * inf = NaN), so non-finite values are left out of
     # it and their terms added one value column at a time, visible terms only.
@@ -55,10 +60,7 @@ def _head_out_magnitude(q, k, v, visible, scale):
     the weight make this far larger than |out|; a one-hot row (sum_j p_j |v_j - out| = 0) or a
     row of modest scores does not. Non-finite values are left out (their elements are judged by
     the non-finite rules); rows that see nothing get 0."""
-    s = np.where(visible, (q @ k.T) * scale, -np.inf)
-    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
-    e = np.where(visible, np.exp(s - m), 0.0)
-    p = np.where(visible, e / np.sum(e, axis=-1, keepdims=True), 0.0)
+    p = _softmax(q, k, visible, scale)[3]
     vf = np.where(np.isfinite(v), v, 0.0)
     out = p @ vf
     spread = np.zeros_like(out)                 # sum_j p_ij |v_jd - out_id|, a few rows at a time
