@@ -51,6 +51,14 @@ class Check:
         return math.inf if self.usage == 0 else 1.0 / self.usage
 
 
+@dataclass
+class Magnitudes:
+    """What an output's relative budget terms are relative to, per element: rtol x `value`
+    (|expected| when None) + score_rtol x `score` (no such term when None)."""
+    value: torch.Tensor | None = None
+    score: torch.Tensor | None = None
+
+
 def _index(flat_idx: int, shape) -> tuple:
     idx = []
     for s in reversed(shape):
@@ -64,13 +72,20 @@ def _f(v: torch.Tensor) -> float:
 
 
 def compare(output: str, got: torch.Tensor, expected: torch.Tensor, budget: Budget,
-            ref: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> Check:
+            ref: torch.Tensor | None = None, scale=None) -> Check:
+    """`scale`: None (rtol relative to |expected|), a tensor (rtol relative to it), or Magnitudes.
+    Computed in float64 on the oracle's device."""
     shape = tuple(expected.shape)
     if tuple(got.shape) != shape:
         return Check(output, False, f"shape {tuple(got.shape)} != expected {shape}", shape, expected.numel(),
                      math.inf, math.inf, math.inf, None, math.inf, None, None, None)
-    y = got.detach().to("cpu", torch.float64).reshape(-1)
-    o = expected.detach().to("cpu", torch.float64).reshape(-1)
+    mags = scale if isinstance(scale, Magnitudes) else Magnitudes(value=scale)
+    device = expected.device
+
+    def f64(t):
+        return t.detach().to(device, torch.float64).reshape(-1)
+
+    y, o = f64(got), f64(expected)
     n = o.numel()
     # An oracle value the output dtype cannot hold is expected as the infinity it rounds to.
     rounded = o.to(got.dtype).to(torch.float64)
@@ -78,8 +93,10 @@ def compare(output: str, got: torch.Tensor, expected: torch.Tensor, budget: Budg
 
     both = torch.isfinite(o) & torch.isfinite(y)
     err = torch.where(both, (y - o).abs(), torch.zeros_like(o))
-    magnitude = o.abs() if scale is None else scale.detach().to("cpu", torch.float64).reshape(-1)
+    magnitude = o.abs() if mags.value is None else f64(mags.value)
     allowed = budget.atol + budget.rtol * magnitude
+    if mags.score is not None and budget.score_rtol:
+        allowed = allowed + budget.score_rtol * f64(mags.score)
     usage_elem = torch.where(err > 0, err / allowed, torch.zeros_like(err))  # err/0 -> inf, as it should
     usage_elem = torch.nan_to_num(usage_elem, nan=math.inf)                   # a NaN allowance never passes
     max_abs = _f(err.max()) if n else 0.0
@@ -91,7 +108,7 @@ def compare(output: str, got: torch.Tensor, expected: torch.Tensor, budget: Budg
 
     ref_err = None
     if ref is not None:
-        r = ref.detach().to("cpu", torch.float64).reshape(-1)
+        r = f64(ref)
         if r.shape == o.shape:
             fin_o = torch.isfinite(o)
             ref_err = math.inf if bool((fin_o & ~torch.isfinite(r)).any()) else (
@@ -114,7 +131,8 @@ def compare(output: str, got: torch.Tensor, expected: torch.Tensor, budget: Budg
     bad = int((usage_elem > 1).sum()) if n else 0
     problem = None
     if usage > 1:
-        problem = (f"{bad} of {n} elements outside atol + rtol*|expected|; worst error "
+        terms = "atol + rtol*|expected|" + (" + score_rtol*M" if budget.score_rtol and mags.score is not None else "")
+        problem = (f"{bad} of {n} elements outside {terms}; worst error "
                    f"{_f(err[k]):.3g} where {_f(allowed[k]):.3g} is allowed")
     # Rule 4: or within ref_ratio times the reference's error.
     if budget.ref_ratio is not None and ref_err is not None and math.isfinite(ref_err):
@@ -136,8 +154,8 @@ def sqnr_db(got: torch.Tensor, expected: torch.Tensor) -> float:
     """Signal to quantization noise ratio in dB, 10 log10(sum o^2 / sum (y - o)^2), in float64:
     how FP8 end-to-end results are judged (a wrong global scale gives about 0 dB or less,
     where a cosine similarity would still be 1)."""
-    y = got.detach().to("cpu", torch.float64)
-    o = expected.detach().to("cpu", torch.float64)
+    o = expected.detach().to(torch.float64)
+    y = got.detach().to(o.device, torch.float64)
     noise = float(((y - o) ** 2).sum())
     signal = float((o ** 2).sum())
     if noise == 0:

@@ -1,57 +1,96 @@
-"""Attention in float64: one sequence and one head at a time, the full score matrix, an explicit
-boolean mask, and the textbook softmax (no online softmax, no tiling).
+"""Attention in float64, with torch on the inputs' device: one sequence and one head at a time,
+full score rows, an explicit boolean mask, and the textbook softmax (no online softmax, no
+tiling). Query rows are taken a chunk at a time only to bound memory (ROW_CHUNK_ELEMENTS); each
+row is still computed whole.
 
 Masked keys take no part in a row: their scores are replaced (not added to) by -inf and their
 values are never multiplied in, so a NaN or an infinity in a masked key or value does not reach
 the rows that cannot see it. Visible NaN and infinities propagate as the float64 formula says,
 except that a row whose visible scores are all -inf attends to nothing (zeros, lse -inf), as a
 fully masked row does.
+
+Besides the outputs, two magnitudes that the budgets are relative to (docs/NUMERICS.md,
+"Magnitudes other than |o|"): `score_magnitude`, the size at which a row's scores round, and
+`out_score_magnitude`, how far that rounding can move each output.
 """
-import numpy as np
+import torch
 
-from oracles._np import f64, tensor
+# The largest temporary a chunk of query rows may create, in elements (float64: 8 bytes each):
+# score rows are [rows, Tk] and the out magnitude's spread is [rows, Tk, Dv]. One row at least,
+# so memory stays O(inputs + outputs) whatever the sizes.
+ROW_CHUNK_ELEMENTS = 1 << 22
 
 
-def _visible(Tq, Tk, causal):
+def _f64(t):
+    return t.detach().to(torch.float64)
+
+
+def _visible(Tq, Tk, causal, device):
     """[Tq, Tk] boolean: key j is visible from query i (bottom-right aligned when causal)."""
     if not causal:
-        return np.ones((Tq, Tk), dtype=bool)
-    i = np.arange(Tq)[:, None]
-    j = np.arange(Tk)[None, :]
+        return torch.ones(Tq, Tk, dtype=torch.bool, device=device)
+    i = torch.arange(Tq, device=device)[:, None]
+    j = torch.arange(Tk, device=device)[None, :]
     return j <= i + (Tk - Tq)
 
 
+def _row_chunks(Tq, per_row):
+    rows = max(1, ROW_CHUNK_ELEMENTS // max(1, per_row))
+    return [(i, min(Tq, i + rows)) for i in range(0, Tq, rows)]
+
+
 def _softmax(q, k, visible, scale):
-    """Masked scores s [Tq, Tk], their row max m and sum of exponentials total [Tq, 1], and the
-    weights p (0 for masked keys and in rows with nothing visible)."""
-    s = np.where(visible, (q @ k.T) * scale, -np.inf)
-    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
-    e = np.where(visible, np.exp(s - m), 0.0)
-    total = np.sum(e, axis=-1, keepdims=True)
-    return s, m, total, np.where(visible, e / total, 0.0)
+    """Masked scores s [R, Tk], their row max m and sum of exponentials total [R, 1], and the
+    weights p (0 for masked keys and in rows with nothing visible). Tk >= 1."""
+    s = torch.where(visible, (q @ k.T) * scale, -torch.inf)
+    m = s.amax(dim=-1, keepdim=True)
+    e = torch.where(visible, torch.exp(s - m), 0.0)
+    total = e.sum(dim=-1, keepdim=True)
+    return s, m, total, torch.where(visible, e / total, 0.0)
+
+
+def _sees_something(s, visible):
+    """Rows with a visible score other than -inf; the others attend to nothing (zeros, lse -inf),
+    like a fully masked row (PyTorch's SDPA does the same). A NaN score still propagates."""
+    return (visible & (s != -torch.inf)).any(dim=-1)
 
 
 def _head(q, k, v, visible, scale):
     """One head of one sequence: q [Tq, D], k [Tk, D], v [Tk, Dv] -> out [Tq, Dv], lse [Tq]."""
-    s, m, total, p = _softmax(q, k, visible, scale)
+    Tq, Tk, Dv = q.shape[0], k.shape[0], v.shape[1]
+    out = torch.zeros(Tq, Dv, dtype=torch.float64, device=q.device)
+    lse = torch.full((Tq,), -torch.inf, dtype=torch.float64, device=q.device)
+    if Tk == 0:
+        return out, lse
     # out[i] = sum over visible j of p[i, j] * v[j]. The product p @ v would also multiply the
     # masked keys' zeros into their values (0 * inf = NaN), so non-finite values are left out of
     # it and their terms added one value column at a time, visible terms only.
-    finite = np.isfinite(v)
-    out = p @ np.where(finite, v, 0.0)
-    for d in np.nonzero(~finite.all(axis=0))[0]:
-        js = np.nonzero(~finite[:, d])[0]
-        out[:, d] += np.sum(np.where(visible[:, js], p[:, js] * v[js, d], 0.0), axis=-1)
-    lse = (m + np.log(total))[:, 0]
-    # A row whose visible scores are all -inf attends to nothing, like a fully masked row:
-    # zeros and lse -inf (PyTorch's SDPA does the same). A NaN score still propagates.
-    anything = (visible & (s != -np.inf)).any(axis=-1)
-    return np.where(anything[:, None], out, 0.0), np.where(anything, lse, -np.inf)
+    finite = torch.isfinite(v)
+    v_finite = torch.where(finite, v, 0.0)
+    bad_columns = (~finite.all(dim=0)).nonzero().flatten().tolist()
+    for r0, r1 in _row_chunks(Tq, Tk):
+        vis = visible[r0:r1]
+        s, m, total, p = _softmax(q[r0:r1], k, vis, scale)
+        o = p @ v_finite
+        for d in bad_columns:
+            js = (~finite[:, d]).nonzero().flatten()
+            o[:, d] += torch.where(vis[:, js], p[:, js] * v[js, d], 0.0).sum(dim=-1)
+        anything = _sees_something(s, vis)
+        out[r0:r1] = torch.where(anything[:, None], o, 0.0)
+        lse[r0:r1] = torch.where(anything, (m + torch.log(total))[:, 0], -torch.inf)
+    return out, lse
 
 
-def _head_out_magnitude(q, k, v, visible, scale):
-    """One head, in _head's shapes: (M [Tq, Dv], lse [Tq]) with M[i, d] = score_mag_i *
-    sum_j p_ij |v_jd - out_id|, score_mag_i = scale * max over visible j of sum |q_i| |k_j|.
+def _score_magnitude(q, k, visible, scale):
+    """[R]: scale * max over the visible keys j of sum_d |q_d| |k_jd|, 0 where nothing is visible
+    or the magnitude is not finite: the size at which the row's scores round."""
+    a = torch.where(visible, torch.abs(q) @ torch.abs(k).T, -torch.inf).amax(dim=-1) * scale
+    return torch.where(torch.isfinite(a), a, 0.0)
+
+
+def _head_out_score_magnitude(q, k, v, visible, scale):
+    """One head, in _head's shapes: (M [Tq, Dv], score magnitude [Tq]) with M[i, d] =
+    score_mag_i * sum_j p_ij |v_jd - out_id|.
 
     First-order error analysis of out = sum_j p_j v_j: a score error ds_j moves out by
     sum_j p_j (v_j - out) ds_j, and each score rounds relative to its own sum of |q| |k| terms
@@ -60,138 +99,120 @@ def _head_out_magnitude(q, k, v, visible, scale):
     the weight make this far larger than |out|; a one-hot row (sum_j p_j |v_j - out| = 0) or a
     row of modest scores does not. Non-finite values are left out (their elements are judged by
     the non-finite rules); rows that see nothing get 0."""
-    p = _softmax(q, k, visible, scale)[3]
-    vf = np.where(np.isfinite(v), v, 0.0)
-    out = p @ vf
-    spread = np.zeros_like(out)                 # sum_j p_ij |v_jd - out_id|, a few rows at a time
-    rows = max(1, (1 << 22) // max(1, v.shape[0] * v.shape[1]))
-    for i in range(0, out.shape[0], rows):
-        spread[i:i + rows] = np.einsum("ij,ijd->id", p[i:i + rows],
-                                       np.abs(vf[None, :, :] - out[i:i + rows, None, :]))
-    mag = np.where(visible, np.abs(q) @ np.abs(k).T, -np.inf).max(axis=-1, initial=-np.inf) * scale
-    mag = np.where(np.isfinite(mag), mag, 0.0)
-    return np.nan_to_num(mag[:, None] * spread, nan=0.0, posinf=0.0), np.zeros(q.shape[0])
+    Tq, Tk, Dv = q.shape[0], k.shape[0], v.shape[1]
+    M = torch.zeros(Tq, Dv, dtype=torch.float64, device=q.device)
+    mag = torch.zeros(Tq, dtype=torch.float64, device=q.device)
+    if Tk == 0:
+        return M, mag
+    v_finite = torch.where(torch.isfinite(v), v, 0.0)
+    for r0, r1 in _row_chunks(Tq, Tk * max(1, Dv)):
+        vis = visible[r0:r1]
+        p = _softmax(q[r0:r1], k, vis, scale)[3]
+        out = p @ v_finite
+        spread = (p[:, :, None] * torch.abs(v_finite[None, :, :] - out[:, None, :])).sum(dim=1)
+        mag[r0:r1] = _score_magnitude(q[r0:r1], k, vis, scale)
+        M[r0:r1] = torch.nan_to_num(mag[r0:r1, None] * spread, nan=0.0, posinf=0.0)
+    return M, mag
 
 
 def _sequence(q, k, v, causal, scale, head=_head):
-    """q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> out [Tq, Hq, Dv], lse [Hq, Tq]."""
+    """q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> (out [Tq, Hq, Dv], per-row [Hq, Tq])."""
     Tq, Hq, _ = q.shape
     Tk, Hkv, Dv = v.shape
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"Hq ({Hq}) must be a multiple of Hkv ({Hkv})")
     group = Hq // Hkv
-    visible = _visible(Tq, Tk, causal)
-    out = np.zeros((Tq, Hq, Dv))
-    lse = np.full((Hq, Tq), -np.inf)
+    visible = _visible(Tq, Tk, causal, q.device)
+    out = torch.zeros(Tq, Hq, Dv, dtype=torch.float64, device=q.device)
+    rows = torch.zeros(Hq, Tq, dtype=torch.float64, device=q.device)
     for h in range(Hq):
-        out[:, h], lse[h] = head(q[:, h], k[:, h // group], v[:, h // group], visible, scale)
-    return out, lse
+        out[:, h], rows[h] = head(q[:, h], k[:, h // group], v[:, h // group], visible, scale)
+    return out, rows
 
 
 def _default_scale(q, scale):
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
 
-def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, _head_fn=_head):
+def _cu_seqlens(cu_seqlens_q, cu_seqlens_k, total_q, total_k):
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    if cu_seqlens_q.dim() != 1 or len(cq) != len(ck) or len(cq) < 1:
+        raise ValueError(f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k "
+                         f"{tuple(cu_seqlens_k.shape)} must both be [B + 1]")
+    for name, c, total in (("cu_seqlens_q", cq, total_q), ("cu_seqlens_k", ck, total_k)):
+        if c[0] != 0 or any(b < a for a, b in zip(c, c[1:])) or c[-1] > total:
+            raise ValueError(f"{name} must start at 0, not decrease and end at most at {total}; got {c}")
+    return cq, ck
+
+
+def _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, head):
+    """flash_attention's layouts around a per-head function: (out-shaped, lse-shaped) results."""
+    scale = _default_scale(q, scale)
+    qn, kn, vn = _f64(q), _f64(k), _f64(v)
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        B, Tq, Hq, _ = qn.shape
+        out = torch.zeros(B, Tq, Hq, vn.shape[-1], dtype=torch.float64, device=q.device)
+        rows = torch.zeros(B, Hq, Tq, dtype=torch.float64, device=q.device)
+        for b in range(B):
+            out[b], rows[b] = _sequence(qn[b], kn[b], vn[b], causal, scale, head)
+        return out, rows
+    cq, ck = _cu_seqlens(cu_seqlens_q, cu_seqlens_k, qn.shape[0], kn.shape[0])
+    total_q, Hq, _ = qn.shape
+    out = torch.zeros(total_q, Hq, vn.shape[-1], dtype=torch.float64, device=q.device)
+    rows = torch.zeros(Hq, total_q, dtype=torch.float64, device=q.device)
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        out[q0:q1], rows[:, q0:q1] = _sequence(qn[q0:q1], kn[k0:k1], vn[k0:k1], causal, scale, head)
+    return out, rows
+
+
+def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Fixed length: q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] -> out [B, Tq, Hq, D], lse [B, Hq, Tq].
     Varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens_* [B + 1]
     -> out [total_q, Hq, D], lse [Hq, total_q]. lse is the natural log-sum-exp of the scaled,
     masked scores of each query row; a row that sees no key has out 0 and lse -inf."""
+    return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, _head)
+
+
+def flash_attention_magnitudes(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """(out-shaped M, lse-shaped score magnitude) of _head_out_score_magnitude, in
+    flash_attention's layouts: what the score_rtol term of the budget is relative to."""
+    return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, _head_out_score_magnitude)
+
+
+def _decode(q, k_cache, v_cache, seqlens, scale, block_table, head):
     scale = _default_scale(q, scale)
-    qn, kn, vn = f64(q), f64(k), f64(v)
-    with np.errstate(all="ignore"):
-        if cu_seqlens_q is None and cu_seqlens_k is None:
-            B, Tq, Hq, _ = qn.shape
-            out = np.zeros((B, Tq, Hq, vn.shape[-1]))
-            lse = np.full((B, Hq, Tq), -np.inf)
-            for b in range(B):
-                out[b], lse[b] = _sequence(qn[b], kn[b], vn[b], causal, scale, _head_fn)
-            return tensor(out), tensor(lse)
-        if cu_seqlens_q is None or cu_seqlens_k is None:
-            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
-        cq = np.asarray(cu_seqlens_q.detach().cpu().tolist(), dtype=np.int64)
-        ck = np.asarray(cu_seqlens_k.detach().cpu().tolist(), dtype=np.int64)
-        if cq.shape != ck.shape or cq.ndim != 1 or len(cq) < 1:
-            raise ValueError(f"cu_seqlens_q {tuple(cq.shape)} and cu_seqlens_k {tuple(ck.shape)} "
-                             "must both be [B + 1]")
-        for name, c, total in (("cu_seqlens_q", cq, qn.shape[0]), ("cu_seqlens_k", ck, kn.shape[0])):
-            if c[0] != 0 or np.any(np.diff(c) < 0) or c[-1] > total:
-                raise ValueError(f"{name} must start at 0, not decrease and end at most at {total}; "
-                                 f"got {c.tolist()}")
-        total_q, Hq, _ = qn.shape
-        out = np.zeros((total_q, Hq, vn.shape[-1]))
-        lse = np.full((Hq, total_q), -np.inf)
-        for b in range(len(cq) - 1):
-            q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
-            out[q0:q1], lse[:, q0:q1] = _sequence(qn[q0:q1], kn[k0:k1], vn[k0:k1], causal, scale, _head_fn)
-        return tensor(out), tensor(lse)
+    qn, kc, vc = _f64(q), _f64(k_cache), _f64(v_cache)
+    lens = seqlens.tolist()
+    B, Hq, _ = qn.shape
+    out = torch.zeros(B, Hq, vc.shape[-1], dtype=torch.float64, device=q.device)
+    for b, n in enumerate(lens):
+        if block_table is None:
+            if not 0 <= n <= kc.shape[1]:
+                raise ValueError(f"seqlens[{b}] = {n} is outside [0, {kc.shape[1]}]")
+            k, v = kc[b, :n], vc[b, :n]
+        else:
+            block_size = kc.shape[1]
+            if not 0 <= n <= block_table.shape[1] * block_size:
+                raise ValueError(f"seqlens[{b}] = {n} is outside [0, {block_table.shape[1] * block_size}]")
+            pos = torch.arange(n, device=kc.device)
+            blocks = block_table[b].to(kc.device, torch.int64)[pos // block_size]
+            if bool(((blocks < 0) | (blocks >= kc.shape[0])).any()):
+                raise ValueError(f"block_table[{b}] names blocks outside [0, {kc.shape[0]})")
+            k, v = kc[blocks, pos % block_size], vc[blocks, pos % block_size]
+        out[b] = _sequence(qn[b][None], k, v, False, scale, head)[0][0]
+    return out
 
 
-def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None, _head_fn=_head):
+def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
     """q [B, Hq, D]; caches [B, Tmax, Hkv, D], or with block_table [B, max_blocks] paged caches
     [num_blocks, block_size, Hkv, D] (position p of row b at block_table[b, p // block_size],
     slot p % block_size). Row b attends to positions < seqlens[b] -> out [B, Hq, D]."""
-    scale = _default_scale(q, scale)
-    qn, kc, vc = f64(q), f64(k_cache), f64(v_cache)
-    lens = [int(n) for n in seqlens.detach().cpu().tolist()]
-    table = None if block_table is None else np.asarray(block_table.detach().cpu().tolist(), dtype=np.int64)
-    B, Hq, _ = qn.shape
-    out = np.zeros((B, Hq, vc.shape[-1]))
-    with np.errstate(all="ignore"):
-        for b, n in enumerate(lens):
-            if table is None:
-                if not 0 <= n <= kc.shape[1]:
-                    raise ValueError(f"seqlens[{b}] = {n} is outside [0, {kc.shape[1]}]")
-                k, v = kc[b, :n], vc[b, :n]
-            else:
-                block_size = kc.shape[1]
-                if not 0 <= n <= table.shape[1] * block_size:
-                    raise ValueError(f"seqlens[{b}] = {n} is outside [0, {table.shape[1] * block_size}]")
-                pos = np.arange(n)
-                blocks = table[b, pos // block_size]
-                if np.any((blocks < 0) | (blocks >= kc.shape[0])):
-                    raise ValueError(f"block_table[{b}] names blocks outside [0, {kc.shape[0]})")
-                k, v = kc[blocks, pos % block_size], vc[blocks, pos % block_size]
-            out[b] = _sequence(qn[b][None], k, v, False, scale, _head_fn)[0][0]
-    return tensor(out)
+    return _decode(q, k_cache, v_cache, seqlens, scale, block_table, _head)
 
 
-def out_magnitude(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
-    """flash_attention's out-shaped bound magnitude (_head_out_magnitude): how far the rounding
-    of the scores can move each output, per unit of relative score error."""
-    return flash_attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, _head_fn=_head_out_magnitude)[0]
-
-
-def decode_out_magnitude(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
-    """The same for decode_attention's out [B, Hq, D]."""
-    return decode_attention(q, k_cache, v_cache, seqlens, scale, block_table, _head_fn=_head_out_magnitude)
-
-
-def lse_magnitude(q, k, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
-    """Per query row (shaped like flash_attention's lse): scale * max over the visible keys j of
-    sum_d |q_d| |k_jd|, the magnitude the rounding of a row's scores is relative to. lse moves
-    by at most the largest score error, so its rtol is relative to max(|lse|, this) (a row of
-    huge scores can cancel to a small lse while its scores still round at their own size)."""
-    scale = _default_scale(q, scale)
-    qn, kn = np.abs(f64(q)), np.abs(f64(k))
-
-    def seq(qs, ks):                     # qs [Tq, Hq, D], ks [Tk, Hkv, D] -> [Hq, Tq]
-        Tq, Hq, _ = qs.shape
-        group = Hq // max(ks.shape[1], 1)
-        visible = _visible(Tq, ks.shape[0], causal)
-        out = np.zeros((Hq, Tq))
-        for h in range(Hq):
-            a = np.where(visible, qs[:, h] @ ks[:, h // group].T, -np.inf) * scale
-            out[h] = np.where(visible.any(axis=-1), np.max(a, axis=-1, initial=-np.inf), 0.0)
-        return out
-
-    with np.errstate(all="ignore"):
-        if cu_seqlens_q is None:
-            return tensor(np.stack([seq(qn[b], kn[b]) for b in range(qn.shape[0])]) if qn.shape[0]
-                          else np.zeros((0, qn.shape[2], qn.shape[1])))
-        cq = cu_seqlens_q.detach().cpu().tolist()
-        ck = cu_seqlens_k.detach().cpu().tolist()
-        out = np.zeros((qn.shape[1], qn.shape[0]))
-        for b in range(len(cq) - 1):
-            out[:, cq[b]:cq[b + 1]] = seq(qn[cq[b]:cq[b + 1]], kn[ck[b]:ck[b + 1]])
-        return tensor(out)
+def decode_out_score_magnitude(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
+    """decode_attention's out-shaped M (_head_out_score_magnitude)."""
+    return _decode(q, k_cache, v_cache, seqlens, scale, block_table, _head_out_score_magnitude)

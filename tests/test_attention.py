@@ -120,21 +120,38 @@ def test_two_runs_give_identical_bits(op, dtype, backend):
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-def test_out_magnitude_follows_its_definition():
-    """The float32 error scale of attention's out (oracles.attention.out_magnitude): score
-    magnitude x sum_j p_j |v_j - out|. Zero for a one-hot row; for two keys with equal scores
+def test_score_magnitudes_follow_their_definition():
+    """What attention's score_rtol term is relative to (oracles.attention, _head_out_score_magnitude):
+    out's M = score magnitude x sum_j p_j |v_j - out|, lse's the score magnitude scale x max_j
+    sum_d |q_d| |k_jd|. M is zero for a one-hot row; for two keys with equal scores it is
     |v_0 - v_1| / 2 times the score magnitude; decode's equals flash's on the same row."""
-    from oracles.attention import decode_out_magnitude, out_magnitude
+    from oracles.attention import decode_out_score_magnitude, flash_attention_magnitudes
 
     q = torch.tensor([[[[1.0, 0.0]], [[0.0, 1000.0]]]])             # [1, 2, 1, 2]: two query rows
     k = torch.tensor([[[[1.0, 2.0]], [[1.0, 2.0]]]])                  # two equal keys
     v = torch.tensor([[[[0.0, 4.0]], [[2.0, 0.0]]]])
-    mag = out_magnitude(q, k, v, scale=1.0)
+    mag, score_mag = flash_attention_magnitudes(q, k, v, scale=1.0)
     # row 0: scores 1 and 1, p = (1/2, 1/2), out = (1, 2): spread (1, 2), score magnitude 1
     torch.testing.assert_close(mag[0, 0, 0], torch.tensor([1.0, 2.0], dtype=torch.float64))
     # row 1: scores 2000, 2000: score magnitude 2000
     torch.testing.assert_close(mag[0, 1, 0], torch.tensor([2000.0, 4000.0], dtype=torch.float64))
+    torch.testing.assert_close(score_mag[0, 0], torch.tensor([1.0, 2000.0], dtype=torch.float64))
     k1 = torch.tensor([[[[1.0, 2.0]], [[1.0, -2.0]]]])                # row 1 now one-hot on key 0
-    assert torch.equal(out_magnitude(q, k1, v, scale=1.0)[0, 1, 0], torch.zeros(2, dtype=torch.float64))
-    dec = decode_out_magnitude(q[:, 1], k, v, torch.tensor([2]), scale=1.0)
+    assert torch.equal(flash_attention_magnitudes(q, k1, v, scale=1.0)[0][0, 1, 0],
+                       torch.zeros(2, dtype=torch.float64))
+    dec = decode_out_score_magnitude(q[:, 1], k, v, torch.tensor([2]), scale=1.0)
     torch.testing.assert_close(dec[0, 0], mag[0, 1, 0])
+
+
+def test_oracle_memory_is_bounded(monkeypatch):
+    """Query rows are taken a chunk at a time (oracles.attention.ROW_CHUNK_ELEMENTS): one row at
+    a time gives the same outputs and magnitudes as all rows at once (up to float64 rounding)."""
+    import oracles.attention as oa
+
+    q, k, v = (torch.randn(s, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+               for i, s in enumerate(((1, 7, 2, 8), (1, 9, 1, 8), (1, 9, 1, 8))))
+    whole = (*oa.flash_attention(q, k, v, causal=True), *oa.flash_attention_magnitudes(q, k, v, causal=True))
+    monkeypatch.setattr(oa, "ROW_CHUNK_ELEMENTS", 1)
+    rows = (*oa.flash_attention(q, k, v, causal=True), *oa.flash_attention_magnitudes(q, k, v, causal=True))
+    for a, b in zip(whole, rows):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)   # float64 sums in another order
