@@ -17,6 +17,7 @@ summary and puts the same data under the audit's meta.volatile["phases"].
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections import defaultdict
 
@@ -94,7 +95,7 @@ def install_compile_timer() -> bool:
         return False
 
     @functools.wraps(original)
-    def compile(*args, **kwargs):
+    def timed_compile(*args, **kwargs):
         t = _clock()
         try:
             return original(*args, **kwargs)
@@ -102,9 +103,9 @@ def install_compile_timer() -> bool:
             TOTALS.compile_s += _clock() - t
             TOTALS.compiles += 1
 
-    tc.compile = compile
+    tc.compile = timed_compile
     if getattr(triton, "compile", None) is original:
-        triton.compile = compile
+        triton.compile = timed_compile
 
     init = getattr(CompiledKernel, "_init_handles", None)
     if init is not None:
@@ -137,28 +138,14 @@ def install_compile_timer() -> bool:
 
 # A process's totals, and their sum over workers ---------------------------------------------------
 
-def snapshot(worker_s: float, call_s: dict, protocol_s: float, n_tests: dict, other_files: dict) -> dict:
-    """This process's totals as plain values (they travel to the xdist controller)."""
-    t = TOTALS
-    in_checks = sum(p.get("compile", 0.0) for p in t.ops.values())
-    return {
-        "workers": 1, "worker_s": worker_s, "busy_s": protocol_s,
-        "check_tests_s": call_s.get("check", 0.0), "other_tests_s": call_s.get("other", 0.0),
-        "check_tests": n_tests.get("check", 0), "other_tests": n_tests.get("other", 0),
-        "other_files": dict(other_files),
-        "compile": {"count": t.compiles, "cache_hits": t.cache_hits, "loads": t.loads,
-                    "seconds": t.compile_s, "outside_checks_s": max(0.0, t.compile_s - in_checks)},
-        "ops": {op: {**phases, "checks": t.checks[op], "tests": t.tests[op]} for op, phases in t.ops.items()},
-    }
-
-
 def merge(parts: list) -> dict:
     """The sum of several processes' snapshots (the per-worker times are kept apart too)."""
-    out = {"workers": 0, "worker_s": 0.0, "busy_s": 0.0, "check_tests_s": 0.0, "other_tests_s": 0.0,
+    out = {"workers": 0, "worker_s": 0.0, "busy_s": 0.0, "setup_s": 0.0, "check_tests_s": 0.0, "other_tests_s": 0.0,
            "check_tests": 0, "other_tests": 0, "other_files": {},
            "compile": {"count": 0, "cache_hits": 0, "loads": 0, "seconds": 0.0, "outside_checks_s": 0.0}, "ops": {}}
     for p in parts:
-        for k in ("workers", "worker_s", "busy_s", "check_tests_s", "other_tests_s", "check_tests", "other_tests"):
+        for k in ("workers", "worker_s", "busy_s", "setup_s", "check_tests_s", "other_tests_s", "check_tests",
+                  "other_tests"):
             out[k] += p[k]
         for k in out["compile"]:
             out["compile"][k] += p["compile"][k]
@@ -190,7 +177,9 @@ def report(total: dict, wall_s: float, per_worker: dict | None = None) -> dict:
         OVERHEAD + "_s": round(total["check_tests_s"] - sum(phases.values()), 3),
         "other_tests": total["other_tests"], "other_tests_s": round(total["other_tests_s"], 3),
         "other_tests_by_file": {f: round(x, 3) for f, x in sorted(total["other_files"].items(), key=lambda kv: -kv[1])},
-        "setup_teardown_s": round(total["busy_s"] - total["check_tests_s"] - total["other_tests_s"], 3),
+        "setup_s": round(total["setup_s"], 3),
+        "teardown_reports_s": round(total["busy_s"] - total["setup_s"] - total["check_tests_s"]
+                                    - total["other_tests_s"], 3),
         "outside_tests_s": round(rest, 3),
         "compile": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in total["compile"].items()},
         "ops": ops,
@@ -205,7 +194,7 @@ def _pct(s: float, whole: float) -> str:
     return f"{100 * s / whole:.1f}%" if whole > 0 else "-"
 
 
-def format_summary(r: dict, top: int = 5) -> list:
+def format_summary(r: dict, gpu: bool = False, top: int = 5) -> list:
     """A few lines for the terminal; shares are of the summed worker time."""
     whole = r["worker_s"]
     c = r["compile"]
@@ -213,7 +202,8 @@ def format_summary(r: dict, top: int = 5) -> list:
              f"(of {r['workers']} x wall = {r['workers'] * r['wall_s']:.1f} s): "
              f"{r['check_tests']} checking tests {r['check_tests_s']:.1f} s ({_pct(r['check_tests_s'], whole)}), "
              f"{r['other_tests']} other tests {r['other_tests_s']:.1f} s ({_pct(r['other_tests_s'], whole)}), "
-             f"setup/teardown/reports {r['setup_teardown_s']:.1f} s, start-up/collection/idle {r['outside_tests_s']:.1f} s "
+             f"setup {r['setup_s']:.1f} s, teardown/reports {r['teardown_reports_s']:.1f} s, "
+             f"start-up/collection/idle {r['outside_tests_s']:.1f} s "
              f"({_pct(r['outside_tests_s'], whole)})"]
     if not r["checks"]:
         return lines
@@ -227,6 +217,10 @@ def format_summary(r: dict, top: int = 5) -> list:
     outside = f", +{c['outside_checks_s']:.1f} s outside checks" if c["outside_checks_s"] >= 0.05 else ""
     lines.append(f"triton compile: {c['count']} compilation(s){hits}, {c['loads']} load(s), {c['seconds']:.1f} s"
                  f"{outside}")
+    if gpu and not c["count"]:
+        # every worker process compiles its kernels on their first launch: none seen means the
+        # wrapper missed Triton's compile path (moved in this Triton version?)
+        lines[-1] += " - none seen on a GPU: has Triton's compile entry point moved? (harness/phases.py)"
     files = [(f, x) for f, x in r["other_tests_by_file"].items() if x >= 0.05][:3]
     if files:
         lines.append("other tests, by file: " + ", ".join(f"{f} {x:.1f} s" for f, x in files))
@@ -241,6 +235,20 @@ def format_summary(r: dict, top: int = 5) -> list:
     return lines
 
 
+def _process_age() -> float:
+    """Seconds since this process started (Linux's /proc; 0 elsewhere), to count the
+    interpreter's start and the imports before the plugin's configure as a worker's time too."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])      # field 22, starttime, in clock ticks
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+_first_session = True
+
+
 class PhaseTimer:
     """pytest plugin, in every process: times each test's call and protocol; a worker sends its
     totals to the controller, which sums them (pytest_testnodedown)."""
@@ -248,12 +256,15 @@ class PhaseTimer:
     def __init__(self, config):
         TOTALS.__init__()                         # a fresh count for each session (of this process)
         self.config = config
-        self.start = _clock()
+        global _first_session
+        self.start = _clock() - (_process_age() if _first_session else 0.0)
+        _first_session = False
         self.worker = hasattr(config, "workerinput")
         self.call_s = defaultdict(float)          # "check" / "other" -> seconds in tests' calls
         self.n_tests = defaultdict(int)
         self.other_files = defaultdict(float)     # test file -> seconds in calls of tests that checked nothing
-        self.protocol_s = 0.0                     # setup + call + teardown of every test
+        self.protocol_s = 0.0                     # setup + call + teardown (+ reporting) of every test
+        self.setup_s = 0.0
         self.parts = {}                           # controller: worker id -> its snapshot
         self.result = None
 
@@ -264,6 +275,14 @@ class PhaseTimer:
             return (yield)
         finally:
             self.protocol_s += _clock() - t
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item):
+        t = _clock()
+        try:
+            return (yield)
+        finally:
+            self.setup_s += _clock() - t
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
@@ -284,7 +303,18 @@ class PhaseTimer:
                 TOTALS.tests[op] += 1 / len(seen)
 
     def _mine(self) -> dict:
-        return snapshot(_clock() - self.start, self.call_s, self.protocol_s, self.n_tests, self.other_files)
+        """This process's totals as plain values (they travel to the xdist controller)."""
+        t = TOTALS
+        in_checks = sum(p.get("compile", 0.0) for p in t.ops.values())
+        return {
+            "workers": 1, "worker_s": _clock() - self.start, "busy_s": self.protocol_s, "setup_s": self.setup_s,
+            "check_tests_s": self.call_s["check"], "other_tests_s": self.call_s["other"],
+            "check_tests": self.n_tests["check"], "other_tests": self.n_tests["other"],
+            "other_files": dict(self.other_files),
+            "compile": {"count": t.compiles, "cache_hits": t.cache_hits, "loads": t.loads,
+                        "seconds": t.compile_s, "outside_checks_s": max(0.0, t.compile_s - in_checks)},
+            "ops": {op: {**phases, "checks": t.checks[op], "tests": t.tests[op]} for op, phases in t.ops.items()},
+        }
 
     def pytest_sessionfinish(self, session):
         if self.worker:

@@ -588,7 +588,7 @@ class Recorder:
             volatile = {"args": list(self.config.invocation_params.args),
                         "durations": {k: round(v, 3) for k, v in sorted(self.durations.items())},
                         "failures": dict(sorted(self.failure_text.items()))}
-            timing = s.timer.finish()
+            timing = s.timer.finish() if s.timer else None
             if timing is not None:
                 volatile["phases"] = timing
             audit.write_json(path, s.records, meta, volatile=volatile)
@@ -648,10 +648,10 @@ class Recorder:
         if s.unaudited:
             tr.write_line(f"ERROR: {len(s.unaudited)} audited test(s) passed without any audit record reaching "
                           f"the controller (first: {s.unaudited[0]}); failing the run", red=True)
-        timing = s.timer.finish()
+        timing = s.timer.finish() if s.timer else None
         if timing is not None:
             tr.section("kernelcheck phases: where the workers' time went")
-            for line in phases.format_summary(timing):
+            for line in phases.format_summary(timing, gpu=s.backend.name == "gpu"):
                 tr.write_line(line)
         if s.gate:
             tr.section(f"kernelcheck baseline gate: {config.getoption('baseline')}")
