@@ -156,8 +156,9 @@ def record_order(r: dict) -> tuple:
 
 def write_json(path, records: list, meta: dict, volatile: dict | None = None) -> None:
     """Write an audit. Two runs of the same cases write the same file byte for byte except
-    meta["volatile"]: the time it was written, `volatile` (the command line, test durations and
-    failure reports, say) and which xdist worker ran each test (taken out of the records)."""
+    meta["volatile"]: the time it was written, `volatile` (the command line, test durations,
+    failure reports and the phase timings, say) and which xdist worker ran each test (taken out of
+    the records)."""
     workers, clean = {}, []
     for r in records:
         r = dict(r)

@@ -20,8 +20,8 @@ import hypothesis
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from harness import (audit, backend as backends, baseline as baselines, budgets as budget_file, gaps, gpus, registry,
-                     shards, strategies)
+from harness import (audit, backend as backends, baseline as baselines, budgets as budget_file, gaps, gpus, phases,
+                     registry, shards, strategies)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,6 +65,7 @@ class State:
     gpu_plan: dict = field(default_factory=dict)    # worker id -> GPU token (the header's mapping)
     fuzz: dict = field(default_factory=dict)        # --fuzz-seed / --max-examples of a nightly run
     notes: list = field(default_factory=list)       # (test id, text) of every note a test left
+    timer: phases.PhaseTimer | None = None          # where each worker's time went (harness/phases.py)
 
 
 ITEM_PROPERTY = "kernelcheck-item"   # user_properties name: an op test's [op, dtype, config, values]
@@ -192,6 +193,7 @@ def pytest_configure_node(node):
 
 
 def pytest_configure(config):
+    timer = phases.PhaseTimer(config)     # first: a worker's time counts from here
     config.addinivalue_line("markers", "op(name): the test checks this registered op")
     config.addinivalue_line("markers", "audited: the test records audit entries through the check fixture")
     worker = hasattr(config, "workerinput")
@@ -228,6 +230,7 @@ def pytest_configure(config):
     if chosen.name == "interpreter":
         from harness import oob_guard
         oob_guard.install()
+    phases.install_compile_timer()        # before any kernel runs (the interpreter compiles nothing)
     try:
         budgets = budget_file.load(config.getoption("tolerances"))
     except budget_file.BudgetError as e:
@@ -251,13 +254,15 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
         torch.set_num_threads(1)      # n workers x n threads would oversubscribe the cores
-    st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config), shard=shard, fuzz=fuzz)
+    st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config), shard=shard, fuzz=fuzz,
+               timer=timer)
     if not worker:
         st.baseline = _load_baseline(config, st)
         if chosen.name == "gpu":
             _plan_gpus(config, st, wanted)
     config.stash[_STATE] = st
     config.pluginmanager.register(Recorder(config, config.stash[_STATE]), "kernelcheck-recorder")
+    config.pluginmanager.register(timer, "kernelcheck-phases")
     if shard:
         config.pluginmanager.register(ShardSplit(st), "kernelcheck-shard")
 
@@ -440,12 +445,14 @@ def check(request, record_property):
                 e.add_note(f"  case     {case.id}\n  replay   "
                            f"{case.replay_command(tolerances_option(s.budgets))}")
             raise
+        lap = phases.Laps(case.op)
         gap = request.node.get_closest_marker("xfail")
         gap_hit = not outcome.passed and gap is not None and "[gap:" in gap.kwargs.get("reason", "")
         final = gap_hit or _in_final_example()
         for c in outcome.checks:
             if c.passed or final:
                 record_property(audit.PROPERTY, audit.encode(audit.make_record(outcome, c, request.node.nodeid)))
+        lap("record")
         if gap_hit:
             # A declared gap failed as declared: stop here. pytest.xfail's exception counts as a
             # failure to Hypothesis, which would shrink it (minutes of interpreted kernels).
@@ -581,6 +588,9 @@ class Recorder:
             volatile = {"args": list(self.config.invocation_params.args),
                         "durations": {k: round(v, 3) for k, v in sorted(self.durations.items())},
                         "failures": dict(sorted(self.failure_text.items()))}
+            timing = s.timer.finish() if s.timer else None
+            if timing is not None:
+                volatile["phases"] = timing
             audit.write_json(path, s.records, meta, volatile=volatile)
 
     def _gate(self, session, stopped: bool):
@@ -638,6 +648,11 @@ class Recorder:
         if s.unaudited:
             tr.write_line(f"ERROR: {len(s.unaudited)} audited test(s) passed without any audit record reaching "
                           f"the controller (first: {s.unaudited[0]}); failing the run", red=True)
+        timing = s.timer.finish() if s.timer else None
+        if timing is not None:
+            tr.section("kernelcheck phases: where the workers' time went")
+            for line in phases.format_summary(timing, gpu=s.backend.name == "gpu"):
+                tr.write_line(line)
         if s.gate:
             tr.section(f"kernelcheck baseline gate: {config.getoption('baseline')}")
             failed = any(line.startswith("baseline gate FAILED") for line in s.gate)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from harness import registry
+from harness import phases, registry
 from harness.backend import Backend
 from harness.budgets import Budget, Budgets
 from harness.cases import Case, poisoned
@@ -69,16 +69,23 @@ def run_case(case: Case, backend: Backend, budgets: Budgets) -> Outcome:
     budget = budgets.get(case.op, case.dtype, backend.name)
     _sync(backend, case, "start")
     _last_case = case
+    lap = phases.Laps(case.op, check=True)   # lap(stage): the time since the last lap goes to that stage
     inputs = op.inputs(case, backend.device)
     out = {name: poisoned(shape, op.output_dtype(name, case), backend.device)
            for name, shape in op.output_shapes(inputs).items()}
+    lap("inputs")
     got = op.kernel(inputs, out, **op.configs[case.config])
     _sync(backend, case, "kernel")
+    lap("kernel")
     ref = op.reference(inputs)
     _sync(backend, case, "reference")
+    lap("reference")
     expected = op.oracle(inputs)
+    lap("oracle")
     scales = op.error_scale(inputs, expected)
+    lap("error_scale")
     checks = [compare(name, g, e, budget, r, sc) for name, g, e, r, sc in zip(op.outputs, got, expected, ref, scales)]
+    lap("compare")
     return Outcome(case, budget, backend, checks, _layouts(inputs), tolerances_option(budgets))
 
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 
 from harness.plugin import ROOT
 
@@ -48,10 +49,35 @@ def test_records_from_every_xdist_worker_reach_the_audit_the_baseline_and_junit(
     assert not any(name.startswith("kernelcheck") for d in props.values() for name in d)
 
 
+def _phases_add_up(r: dict, workers: int, records: list):
+    """The audit's meta.volatile["phases"] (harness/phases.py) of a run of op tests."""
+    import math
+
+    from harness.phases import PHASES
+    assert r["workers"] == workers and r["check_tests"] > 0
+    assert set(r["phases_s"]) == set(PHASES) and all(v >= 0 for v in r["phases_s"].values()), r["phases_s"]
+    assert r["phases_s"]["kernel"] > 0 and r["compile"]["count"] == 0     # the interpreter compiles nothing
+    # the phases happen inside the checking tests' calls, which happen inside the workers' time
+    assert sum(r["phases_s"].values()) <= r["check_tests_s"] + 0.01 and r["overhead_s"] >= -0.01
+    assert math.isclose(sum(r["phases_s"].values()) + r["overhead_s"], r["check_tests_s"], abs_tol=0.02)
+    assert r["setup_s"] + r["check_tests_s"] + r["other_tests_s"] <= r["worker_s"] + 0.01
+    assert r["teardown_reports_s"] >= -0.01 and r["outside_tests_s"] >= 0
+    for p in PHASES:     # the ops' phases add up to the totals
+        assert math.isclose(sum(row[p] for row in r["ops"].values()), r["phases_s"][p], abs_tol=0.01)
+    assert math.isclose(sum(row["test_s"] for row in r["ops"].values()), r["check_tests_s"], abs_tol=0.01)
+    # every check of these passing single-output tests is recorded
+    assert r["checks"] == len(records) and {op: row["checks"] for op, row in r["ops"].items()} == dict(
+        Counter(rec["op"] for rec in records))
+    if workers > 1:
+        assert set(r["per_worker"]) == {f"gw{i}" for i in range(workers)}
+        assert math.isclose(sum(w["worker_s"] for w in r["per_worker"].values()), r["worker_s"], abs_tol=0.01)
+        assert all(w["busy_s"] > 0 for w in r["per_worker"].values())
+
+
 def test_ci_profile_runs_are_reproducible(tmp_path):
     """Two runs of the ci profile, one under xdist and one not, draw the same cases and write the
     same audit, byte for byte, but for meta["volatile"] (the time, the command line, durations,
-    failure reports and which worker ran each test)."""
+    failure reports, where the time went and which worker ran each test)."""
     texts, volatiles, docs = [], [], []
     for run, workers in enumerate(("2", "0")):
         path = tmp_path / f"audit{run}.json"
@@ -65,7 +91,12 @@ def test_ci_profile_runs_are_reproducible(tmp_path):
         assert json.dumps(doc, indent=1, sort_keys=True) + "\n" == text
         docs.append(doc)
         volatiles.append(doc["meta"].pop("volatile"))
-        assert set(volatiles[-1]) == {"args", "durations", "failures", "workers", "written"}
+        assert set(volatiles[-1]) == {"args", "durations", "failures", "phases", "workers", "written"}
+        _phases_add_up(volatiles[-1]["phases"], 2 if workers == "2" else 1, doc["records"])
+        summary = out.split("kernelcheck phases: where the workers' time went")[1].split("\n")[1:]
+        assert summary[0].startswith(f"{2 if workers == '2' else 1} worker(s), wall "), out
+        assert summary[1].split()[:3] == [str(volatiles[-1]["phases"]["checks"]), "checks", "inputs"], out
+        assert "triton compile: 0 compilation(s), 0 load(s), 0.0 s" in out and "top ops by test time: softmax" in out
         texts.append(json.dumps(doc, indent=1, sort_keys=True))
     assert texts[0] == texts[1]
     assert set(volatiles[0]["workers"].values()) == {"gw0", "gw1"}
