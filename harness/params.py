@@ -6,14 +6,19 @@ import pytest
 from harness import registry
 
 
-def random_params(op_names) -> list:
-    """One (op, dtype, config) item per op, dtype and kernel config."""
+def random_params(op_names, parts: int = 1) -> list:
+    """(op, dtype, config, part) items: `parts` per op, dtype and kernel config. A profile's
+    examples of one op, dtype and config come in several parts (the gpu profile's: each part
+    its own test and its own fixed seed, harness/plugin.py) so that no single test runs long
+    and xdist can spread them over its workers."""
     out = []
     for name in op_names:
         op = registry.get(name)
         for dtype in op.dtypes:
             for config in op.configs:
-                out.append(pytest.param(name, dtype, config, id=f"{name}-{dtype}-{config}", marks=pytest.mark.op(name)))
+                for part in range(1, parts + 1):
+                    pid = f"{name}-{dtype}-{config}" + (f"-part{part}of{parts}" if parts > 1 else "")
+                    out.append(pytest.param(name, dtype, config, part, id=pid, marks=pytest.mark.op(name)))
     return out
 
 

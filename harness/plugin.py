@@ -37,11 +37,34 @@ try:
 except Exception:               # older Hypothesis without a built-in ci profile
     _ci_parent = settings.default
 settings.register_profile("ci", parent=_ci_parent, max_examples=10, derandomize=True, database=None, **_COMMON)
-settings.register_profile("gpu", max_examples=60, derandomize=True, database=None, **_COMMON)
+# gpu: 60 examples per op, dtype and config, in RANDOM_PARTS["gpu"] tests of 15 (see below).
+settings.register_profile("gpu", max_examples=15, derandomize=True, database=None, **_COMMON)
 # (The nightly profile leaves out Hypothesis's explain phase: it reruns a failure under coverage
 # tracing, minutes on the interpreter, to name lines that are always the same check in compare.py.)
 settings.register_profile("nightly", max_examples=1000, derandomize=False,
                           phases=[p for p in Phase if p != Phase.explain], **_COMMON)
+
+
+# Profiles whose random examples of one op, dtype and config are split over several test items,
+# each with its own fixed seed (part_seed): a GPU example compiles new kernel specialisations
+# (seconds each), and 60 of them in one test made single tests of over two minutes that xdist
+# could not spread over its workers.
+RANDOM_PARTS = {"gpu": 4}
+
+
+def part_seed(nodeid: str) -> int:
+    """The fixed seed of one part of a split random test (the same on every run and worker)."""
+    return int.from_bytes(hashlib.sha256(f"part:{nodeid}".encode()).digest()[:8], "big")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """-n without --dist: xdist's work-stealing scheduler. Its default ('load') hands each worker
+    a block of consecutive tests up front; on an H200 that left the long random tests queued on
+    two of 16 workers (376 s and 279 s busy) while the others finished in ~40 s."""
+    option = config.option
+    if getattr(option, "numprocesses", None) and getattr(option, "dist", "no") == "no":
+        option.dist = "worksteal"
 
 
 @dataclass
@@ -249,7 +272,7 @@ def pytest_configure(config):
         settings.load_profile(profile)
     fuzz = _fuzz_settings(config, profile)
     strategies.configure("small" if profile == "ci" or chosen.name == "interpreter" else "large",
-                         chosen.name, chosen.versions)
+                         chosen.name, chosen.versions, parts=RANDOM_PARTS.get(profile, 1))
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
@@ -308,12 +331,16 @@ SEED_ATTRIBUTE = "_hypothesis_internal_use_seed"
 def pytest_runtest_call(item):
     seed = state(item.config).fuzz.get("seed")
     test = getattr(item, "obj", None)
+    if seed is None and strategies.random_parts() > 1 and "part" in getattr(getattr(item, "callspec", None), "params", {}):
+        seed = part_seed(item.nodeid)
+    elif seed is not None:
+        seed = test_seed(seed, item.nodeid)
     if seed is not None and hypothesis.is_hypothesis_test(test):
         if not hasattr(test, SEED_ATTRIBUTE):
-            raise RuntimeError(f"--fuzz-seed: Hypothesis {hypothesis.__version__} has no {SEED_ATTRIBUTE} on its "
-                               f"tests; update harness/plugin.py's seeding for this version")
+            raise RuntimeError(f"Hypothesis {hypothesis.__version__} has no {SEED_ATTRIBUTE} on its tests; update "
+                               f"harness/plugin.py's seeding for this version")
         # Set before each item runs: the items of a parametrized test share the function.
-        setattr(test, SEED_ATTRIBUTE, test_seed(seed, item.nodeid))
+        setattr(test, SEED_ATTRIBUTE, seed)
 
 
 def _load_baseline(config, st: State):
@@ -384,6 +411,24 @@ def pytest_collection_modifyitems(config, items):
         # A fuzzing round runs its tests in an order of its own seed (the same on every xdist
         # worker), so rounds stopped at their time limit do not all leave out the same tests.
         random.Random(s.fuzz["seed"]).shuffle(items)
+    else:
+        items[:] = spread_long_tests(items)
+
+
+def spread_long_tests(items: list) -> list:
+    """The random tests (many examples each: the long ones) spread evenly through the run's order,
+    each followed by its share of the other tests, both in their collected order. xdist's
+    schedulers give each worker a contiguous slice of this order first: collected in place, the
+    random tests would all fall into one or two slices."""
+    long = [it for it in items if getattr(it, "originalname", None) == "test_random"]
+    rest = [it for it in items if getattr(it, "originalname", None) != "test_random"]
+    if not long or not rest:
+        return items
+    out, step = [], len(rest) / len(long)
+    for i, item in enumerate(long):
+        out.append(item)
+        out += rest[round(i * step):round((i + 1) * step)]
+    return out
 
 
 class ShardSplit:

@@ -17,17 +17,23 @@ CATALOGUE_DIMS = (1, 3, 63, 65, 96, 127, 129, 4095, 4097)
 
 _size = "small"
 _backend = ("interpreter", {})          # (backend name, versions): for gaps in value regimes
+_parts = 1
 
 
-def configure(size: str, backend_name: str, versions: dict) -> None:
-    global _size, _backend
+def configure(size: str, backend_name: str, versions: dict, parts: int = 1) -> None:
+    global _size, _backend, _parts
     if size not in ("small", "large"):
         raise ValueError(f"size: expected small or large, got {size!r}")
-    _size, _backend = size, (backend_name, versions)
+    _size, _backend, _parts = size, (backend_name, versions), parts
 
 
 def size() -> str:
     return _size
+
+
+def random_parts() -> int:
+    """How many test items share the random examples of one op, dtype and config."""
+    return _parts
 
 
 def regimes(op: str, dtype: str, config: str, allowed, params: dict | None = None):

@@ -7,9 +7,9 @@ from harness import registry, strategies
 from harness.params import pinned_params, random_params
 
 
-@pytest.mark.parametrize("op,dtype,config", random_params(registry.OPS))
+@pytest.mark.parametrize("op,dtype,config,part", random_params(registry.OPS, strategies.random_parts()))
 @given(data=st.data())
-def test_random(op, dtype, config, data, check):
+def test_random(op, dtype, config, part, data, check):
     check(data.draw(registry.get(op).cases(dtype, strategies.size(), config), label="case"))
 
 
