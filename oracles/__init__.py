@@ -1,8 +1,10 @@
-"""Float64 ground truth: naive math on upcast inputs, in NumPy.
+"""Float64 ground truth: naive math on upcast inputs, in torch on the inputs' own device.
 
 Oracles share no code and no algorithm with the kernels (no tiling, no online softmax, no
-shifted statistics). Each takes torch tensors, computes in float64 on the CPU, and returns
-float64 torch tensors on the CPU.
+shifted statistics). Each takes torch tensors, computes in float64 on the device they are on
+(CPU on the interpreter, the GPU on a GPU run), and returns float64 tensors on that device.
+The attention oracles (oracles/attention.py) still compute in NumPy on the CPU and return CPU
+tensors.
 """
 from oracles.adamw import adamw
 from oracles.activations import bias_gelu

@@ -1,5 +1,5 @@
 """Float64 ground truth for the decoder: Hugging Face transformers' own Qwen2ForCausalLM, an
-implementation nobody here wrote, in float64 on the CPU.
+implementation nobody here wrote, in float64 on the device of the case (CPU or GPU).
 
 transformers runs three steps of a float64 Qwen2 in fp32 on purpose (they keep half-precision
 models stable): Qwen2RMSNorm casts its input to fp32, Qwen2RotaryEmbedding computes the RoPE
@@ -52,8 +52,9 @@ def hf_config(config: dict):
     return Qwen2Config(**config)
 
 
-def hf_model(config: dict, state_dict: dict, *, dtype=torch.float64, exact: bool = True, attn: str = "sdpa"):
-    """transformers' Qwen2ForCausalLM with these weights, on the CPU, in eval mode. exact: the
+def hf_model(config: dict, state_dict: dict, *, dtype=torch.float64, exact: bool = True, attn: str = "sdpa",
+             device="cpu"):
+    """transformers' Qwen2ForCausalLM with these weights, on `device`, in eval mode. exact: the
     float64 oracle described above (dtype must be float64)."""
     from transformers import Qwen2ForCausalLM
 
@@ -69,7 +70,7 @@ def hf_model(config: dict, state_dict: dict, *, dtype=torch.float64, exact: bool
         raise ValueError(f"transformers' Qwen2: missing {missing}, unexpected {unexpected}")
     if cfg.tie_word_embeddings:
         model.tie_weights()
-    model = model.to(dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
     if exact:
         for module in model.modules():
             if type(module).__name__ == "Qwen2RMSNorm":
@@ -80,18 +81,22 @@ def hf_model(config: dict, state_dict: dict, *, dtype=torch.float64, exact: bool
     return model
 
 
+def _ids(model, tokens) -> torch.Tensor:
+    """One sequence of token ids as a [1, T] batch on the model's device."""
+    return torch.as_tensor(tokens, dtype=torch.int64, device=model.device).view(1, -1)
+
+
 @torch.no_grad()
 def sequence_logits(model, sequences: list) -> list:
-    """Logits [T, V] of every position of each sequence, run one sequence at a time (no padding)."""
-    return [model(torch.as_tensor(s, dtype=torch.int64).view(1, -1)).logits[0].to(torch.float64)
-            for s in sequences]
+    """Logits [T, V] of every position of each sequence, run one sequence at a time (no padding),
+    on the model's device."""
+    return [model(_ids(model, s)).logits[0].to(torch.float64) for s in sequences]
 
 
 @torch.no_grad()
 def sequence_hidden(model, sequences: list) -> list:
     """The final normed hidden states [T, H] (the LM head's input) of each sequence."""
-    return [model.model(torch.as_tensor(s, dtype=torch.int64).view(1, -1)).last_hidden_state[0].to(torch.float64)
-            for s in sequences]
+    return [model.model(_ids(model, s)).last_hidden_state[0].to(torch.float64) for s in sequences]
 
 
 @torch.no_grad()
@@ -101,7 +106,7 @@ def greedy(model, prompt: list, steps: int) -> tuple[list, list]:
     seq = list(prompt)
     tokens, logits = [], []
     for _ in range(steps):
-        row = model(torch.tensor([seq])).logits[0, -1].to(torch.float64)
+        row = model(_ids(model, seq)).logits[0, -1].to(torch.float64)
         tok = int(row.argmax())
         tokens.append(tok)
         logits.append(row)

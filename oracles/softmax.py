@@ -1,21 +1,24 @@
 """Softmax in float64 with an explicit bottom-right causal mask."""
-import numpy as np
+import math
 
-from oracles._np import f64, tensor
+import torch
+
+from oracles._torch import f64, one_thread
 
 
+@one_thread
 def softmax(x, scale=1.0, causal=False):
     s = f64(x) * scale
     if s.shape[-1] == 0:
-        return tensor(s)
-    visible = np.ones(s.shape[-2:] if causal else s.shape[-1:], dtype=bool)
+        return s
+    visible = torch.ones(s.shape[-1:], dtype=torch.bool, device=s.device)
     if causal:
         M, N = s.shape[-2], s.shape[-1]
-        rows, cols = np.meshgrid(np.arange(M), np.arange(N), indexing="ij")
+        rows = torch.arange(M, device=s.device)[:, None]
+        cols = torch.arange(N, device=s.device)[None, :]
         visible = cols <= rows + (N - M)
-        s = np.where(visible, s, -np.inf)
-    with np.errstate(all="ignore"):
-        e = np.exp(s - np.max(s, axis=-1, keepdims=True))
-        p = e / np.sum(e, axis=-1, keepdims=True)
+        s = torch.where(visible, s, -math.inf)
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    p = e / e.sum(-1, keepdim=True)
     # A row with no visible column is zeros by definition (not 0/0).
-    return tensor(np.where(visible.any(axis=-1, keepdims=True), p, 0.0))
+    return torch.where(visible.any(-1, keepdim=True), p, 0.0)

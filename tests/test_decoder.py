@@ -52,10 +52,11 @@ def _inputs(case, backend):
 
 
 def _scale(inp, seqs):
-    """S_v = |h| @ |W_head|^T (the op's error scale) of every position of these sequences."""
+    """S_v = |h| @ |W_head|^T (the op's error scale) of every position of these sequences, on the
+    CPU (the oracle runs on the case's device)."""
     model = oracle_model(inp)
     head = model.lm_head.weight.detach().abs()
-    return [h.abs() @ head.T for h in sequence_hidden(model, seqs)]
+    return [(h.abs() @ head.T).cpu() for h in sequence_hidden(model, seqs)]
 
 
 def _allowed(budget, scale):

@@ -34,7 +34,7 @@ def _all_codes():
 @pytest.mark.parametrize("name", FP8)
 def test_oracle_decodes_every_code_as_torch_does(name):
     codes = _all_codes()
-    mine = oracle_fmt(FP8[name]).decode(codes.numpy())
+    mine = oracle_fmt(FP8[name]).decode(codes).numpy()
     theirs = codes.view(FP8[name]).double().numpy()
     assert np.array_equal(mine, theirs, equal_nan=True)
     assert np.array_equal(np.signbit(mine[~np.isnan(mine)]), np.signbit(theirs[~np.isnan(theirs)]))
@@ -44,8 +44,8 @@ def test_oracle_decodes_every_code_as_torch_does(name):
 @pytest.mark.parametrize("name", FP8)
 def test_oracle_grid_and_rounding_agree_with_torch(name):
     f = oracle_fmt(FP8[name])
-    grid = f.grid()
-    assert np.array_equal(grid, f.decode(np.arange(len(grid))))
+    grid = f.grid().numpy()
+    assert np.array_equal(grid, f.decode(torch.arange(len(grid))).numpy())
     assert f.max == torch.finfo(FP8[name]).max
     # Every midpoint (a tie: to the even code), one fp32 ulp either side of it, and random
     # values over the whole range; torch's cast rounds to nearest even too (in range).
@@ -54,14 +54,14 @@ def test_oracle_grid_and_rounding_agree_with_torch(name):
     gen = torch.Generator().manual_seed(0)
     rand = (torch.randn(20000, generator=gen) * torch.exp(4 * torch.randn(20000, generator=gen))).numpy()
     v = np.concatenate([near, -near, np.clip(rand, -f.max, f.max)]).astype(np.float64)
-    assert np.array_equal(f.round(v), torch.from_numpy(v).to(FP8[name]).double().numpy())
+    assert np.array_equal(f.round(torch.from_numpy(v)).numpy(), torch.from_numpy(v).to(FP8[name]).double().numpy())
 
 
 def _boundaries(f) -> np.ndarray:
     """fp32 values around every rounding decision of the format, with the max first: every grid
     value, every midpoint and one fp32 ulp either side of it, fractions of the smallest
     subnormal; both signs."""
-    grid = f.grid()
+    grid = f.grid().numpy()
     mid = ((grid[1:] + grid[:-1]) / 2).astype(np.float32)
     tiny = grid[1] * np.array([0.25, 0.5, 0.75, 1.5, 2.5])
     pos = np.concatenate([grid, mid, np.nextafter(mid, np.float32(np.inf)), np.nextafter(mid, np.float32(0)), tiny])
@@ -106,7 +106,7 @@ def test_triton_native_fp32_to_fp8_cast(name, config, backend):
     x = torch.from_numpy(np.append(_boundaries(f), np.float32(np.nan))).to(backend.device)
     y = torch.empty(x.shape, dtype=FP8[name], device=backend.device)
     _convert_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
-    verdict = compare("y", y, torch.from_numpy(f.round(x.cpu().double().numpy())), EXACT)
+    verdict = compare("y", y, f.round(x.double()), EXACT)
     assert verdict.passed, f"{verdict.problem} at {verdict.worst_index}: got {verdict.worst_got!r}, " \
                            f"expected {verdict.worst_expected!r}"
 
@@ -119,7 +119,7 @@ def test_triton_native_fp8_to_fp32_conversion(name, config, backend):
     codes = _all_codes().view(FP8[name]).to(backend.device)
     y = torch.empty(256, device=backend.device)
     _convert_kernel[(1,)](codes, y, 256, BLOCK=256)
-    verdict = compare("y", y, torch.from_numpy(oracle_fmt(FP8[name]).decode(_all_codes().numpy())), EXACT)
+    verdict = compare("y", y, oracle_fmt(FP8[name]).decode(_all_codes()), EXACT)
     assert verdict.passed, f"{verdict.problem} at {verdict.worst_index}: got {verdict.worst_got!r}, " \
                            f"expected {verdict.worst_expected!r}"
 
@@ -127,7 +127,7 @@ def test_triton_native_fp8_to_fp32_conversion(name, config, backend):
 # Codes by class, each its own test so that a backend's declared gap (harness/gaps.py) can name
 # the class: "normal" (zeros and normal codes), "tiny" (subnormals), "nonfinite" (NaN, inf).
 def _class_codes(name, regime):
-    values = oracle_fmt(FP8[name]).decode(_all_codes().numpy())
+    values = oracle_fmt(FP8[name]).decode(_all_codes()).numpy()
     mag = np.abs(values)
     smallest_normal = torch.finfo(FP8[name]).smallest_normal
     keep = {"normal": np.isfinite(values) & ((mag == 0) | (mag >= smallest_normal)),

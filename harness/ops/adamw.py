@@ -5,6 +5,8 @@ gradient stream drawn from the case's seed (value regime = the gradients'). The 
 the error after 1, 10, 100 and 1000 steps, so its growth is on record."""
 from __future__ import annotations
 
+import math
+
 import torch
 from hypothesis import strategies as st
 
@@ -14,6 +16,7 @@ import references
 from harness.cases import Case, sample
 from harness.op import Op
 from harness.strategies import regimes, seeds
+from oracles._torch import f64, one_thread
 
 GRAD_REGIMES = ("normal", "large", "small", "zero", "outlier", "nonfinite")
 HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay")
@@ -66,30 +69,28 @@ class AdamW(Op):
     def oracle(self, inp):
         return oracles.adamw(*self._args(inp))
 
+    @one_thread
     def error_scale(self, inputs, expected):
         """Magnitudes that rtol is relative to: for each output, the sum of the magnitudes of the
         terms rounded along the trajectory, carried forward by the factors that carry an error
         forward (m and v by beta, p by 1 - lr wd plus the update's sensitivity to m and v).
         |m| alone would be wrong where beta m + (1 - beta) g cancels to near zero while its
         rounding error stays the size of the terms; and errors add up over the steps."""
-        import numpy as np
-        from oracles._np import f64
         lr, b1, b2, eps, wd = (inputs[k] for k in ("lr", "beta1", "beta2", "eps", "weight_decay"))
         p, m, v = f64(inputs["p"]), f64(inputs["m"]), f64(inputs["v"])
-        mag_p, mag_m, mag_v = np.abs(p), np.abs(m), np.abs(v)
-        with np.errstate(all="ignore"):
-            for t, g in enumerate(f64(inputs["grads"])):
-                step = inputs["step0"] + t
-                mag_m = b1 * mag_m + b1 * np.abs(m) + (1 - b1) * np.abs(g)
-                mag_v = b2 * mag_v + b2 * v + (1 - b2) * g * g
-                m = b1 * m + (1 - b1) * g
-                v = b2 * v + (1 - b2) * g * g
-                den = np.sqrt(v) / np.sqrt(1 - b2 ** step) + eps
-                u = lr / (1 - b1 ** step) * m / den
-                sens = lr / (1 - b1 ** step) * mag_m / den + np.abs(u) * np.where(v > 0, mag_v / v, 0.0) / 2
-                p = p * (1 - lr * wd) - u
-                mag_p = (1 - lr * wd) * mag_p + np.abs(p) + np.abs(u) + sens
-        return tuple(torch.from_numpy(np.nan_to_num(a, nan=0.0, posinf=0.0)) for a in (mag_p, mag_m, mag_v))
+        mag_p, mag_m, mag_v = p.abs(), m.abs(), v.abs()
+        for t, g in enumerate(f64(inputs["grads"])):
+            step = inputs["step0"] + t
+            mag_m = b1 * mag_m + b1 * m.abs() + (1 - b1) * g.abs()
+            mag_v = b2 * mag_v + b2 * v + (1 - b2) * g * g
+            m = b1 * m + (1 - b1) * g
+            v = b2 * v + (1 - b2) * g * g
+            den = torch.sqrt(v) / math.sqrt(1 - b2 ** step) + eps
+            u = lr / (1 - b1 ** step) * m / den
+            sens = lr / (1 - b1 ** step) * mag_m / den + u.abs() * torch.where(v > 0, mag_v / v, 0.0) / 2
+            p = p * (1 - lr * wd) - u
+            mag_p = (1 - lr * wd) * mag_p + p.abs() + u.abs() + sens
+        return tuple(torch.nan_to_num(a, nan=0.0, posinf=0.0) for a in (mag_p, mag_m, mag_v))
 
     def cases(self, dtype, size, config):
         @st.composite

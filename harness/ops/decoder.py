@@ -30,6 +30,7 @@ from harness.cases import Case
 from harness.op import Op
 from harness.strategies import seeds
 from models.tiny import random_weights
+from oracles._torch import one_thread
 
 GQA = ((4, 2), (4, 1), (2, 2), (2, 1), (6, 3), (4, 4))     # (heads, kv_heads): ratios 1, 2, 4 and MQA
 HEAD_DIMS = (8, 12, 16)                                     # 12: not a power of two (masked tiles)
@@ -62,10 +63,12 @@ def split_rows(rows: list, lens: list, steps: int):
 
 
 def oracle_model(inp, weights: dict | None = None):
+    """transformers' float64 model on these weights (the case's unless given), on the case's device."""
     from oracles.decoder import hf_model
-    return hf_model(inp["hf_config"], inp["weights"] if weights is None else weights)
+    return hf_model(inp["hf_config"], inp["weights"] if weights is None else weights, device=inp["model"].device)
 
 
+@one_thread
 def oracle_outputs(inp, weights: dict | None = None, decode_position_shift: int = 0):
     """(prefill, decode) logits of transformers' float64 model on these weights (the case's
     unless given). decode_position_shift moves the RoPE positions of the decoded tokens (a
@@ -74,9 +77,9 @@ def oracle_outputs(inp, weights: dict | None = None, decode_position_shift: int 
     rows = []
     with torch.no_grad():
         for seq, n in zip(sequences(inp), inp["lens"]):
-            pos = torch.arange(len(seq))
+            pos = torch.arange(len(seq), device=model.device)
             pos[n:] += decode_position_shift
-            out = model(torch.tensor([seq]), position_ids=pos[None])
+            out = model(torch.tensor([seq], device=model.device), position_ids=pos[None])
             rows.append(out.logits[0].to(torch.float64))
     return split_rows(rows, inp["lens"], inp["steps"])
 
@@ -164,6 +167,7 @@ class Decoder(Op):
     def oracle(self, inp):
         return oracle_outputs(inp)
 
+    @one_thread
     def error_scale(self, inp, expected):
         from oracles.decoder import sequence_hidden
         model = oracle_model(inp)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from hypothesis import strategies as st
 
@@ -34,7 +33,7 @@ import references
 from harness.cases import Case, lay_out, sample
 from harness.op import Op
 from harness.strategies import feature_dims, layouts, lead_shapes, regimes, row_budget, seeds
-from oracles._np import f64
+from oracles._torch import f64, one_thread
 from oracles.fp8 import dequantize
 from oracles.gemm import linear
 
@@ -191,10 +190,10 @@ def _codes(shape, regime, dtype, gen) -> torch.Tensor:
     return codes
 
 
-def _per_row(scale, n) -> np.ndarray:
+def _per_row(scale, n) -> torch.Tensor:
     """|scale| as n per-row values (one value broadcast, or one per row in any accepted shape)."""
-    v = np.abs(f64(scale)).reshape(-1)
-    return np.broadcast_to(v, (n,)) if v.size == 1 else v
+    v = f64(scale).abs().reshape(-1)
+    return v.expand(n) if v.numel() == 1 else v
 
 
 def _scale_tensor(spec, gran, codes, layout, gen, device):
@@ -239,16 +238,15 @@ class FP8Matmul(FP8Op):
     def oracle(self, inp):
         return (oracles.fp8_matmul(*self._args(inp)),)
 
+    @one_thread
     def error_scale(self, inp, expected):
         """rtol is relative to |scale_a| |scale_b| sum_k |a_k| |b_k| + |bias| (float64), as for
         matmul: the fp32 accumulation's rounding scales with the terms, and y can cancel far
         below them."""
         M, N = inp["a8"].shape[0], inp["b8"].shape[0]
-        with np.errstate(all="ignore"):
-            a = np.abs(dequantize(inp["a8"])) * _per_row(inp["scale_a"], M)[:, None]
-            b = np.abs(dequantize(inp["b8"])) * _per_row(inp["scale_b"], N)[:, None]
-            s = linear(a, b, None if inp["bias"] is None else np.abs(f64(inp["bias"])))
-        return (torch.from_numpy(s.reshape(M, N)),)
+        a = dequantize(inp["a8"]).abs() * _per_row(inp["scale_a"], M)[:, None]
+        b = dequantize(inp["b8"]).abs() * _per_row(inp["scale_b"], N)[:, None]
+        return (linear(a, b, None if inp["bias"] is None else f64(inp["bias"]).abs()),)
 
     def cases(self, dtype, size, config):
         @st.composite

@@ -7,7 +7,6 @@ value regime applies to a (the activations flowing in); weights are N(0, 1) unle
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from hypothesis import strategies as st
 
@@ -17,7 +16,7 @@ import references
 from harness.cases import Case, make_input, make_param
 from harness.op import Op
 from harness.strategies import layouts, lead_shapes, regimes, seeds
-from oracles._np import f64
+from oracles._torch import f64, one_thread
 from oracles.gemm import activate, linear
 
 GEMM_REGIMES = ("normal", "large", "tiny", "small", "constant", "offset", "outlier", "nonfinite")
@@ -30,9 +29,9 @@ MAX_ROWS = {"small": 40, "large": 2048}
 
 
 def _abs_linear(x, w, b):
-    """sum_k |x_k| |w_k| + |b|: the magnitude a dot product's rounding error is relative to."""
-    with np.errstate(all="ignore"):
-        return linear(np.abs(f64(x)), np.abs(f64(w)), None if b is None else np.abs(f64(b)))
+    """sum_k |x_k| |w_k| + |b| in float64, on the inputs' device: the magnitude a dot product's
+    rounding error is relative to."""
+    return linear(f64(x).abs(), f64(w).abs(), None if b is None else f64(b).abs())
 
 
 def _dims(size):
@@ -136,11 +135,12 @@ class Matmul(GemmOp):
     def oracle(self, inp):
         return (oracles.matmul(*self._args(inp)),)
 
+    @one_thread
     def error_scale(self, inp, expected):
         """rtol is relative to sum_k |a_k| |w_k| + |bias|, not |y|: the dot product's rounding
         scales with its terms, and y can cancel to far below them. The activations here have
         |act'| <= 1.13 and |act(z)| <= |z|, so this bounds |y| too."""
-        return (torch.from_numpy(_abs_linear(inp["a"], inp["w"], inp["bias"])),)
+        return (_abs_linear(inp["a"], inp["w"], inp["bias"]),)
 
 
 class SwiGLU(GemmOp):
@@ -188,19 +188,19 @@ class SwiGLU(GemmOp):
     def oracle(self, inp):
         return (oracles.swiglu(*self._args(inp)),)
 
+    @one_thread
     def error_scale(self, inp, expected):
         """y = g * u: an error d_g in the gate and d_u in the up projection move y by
         |u| d_g + |g| d_u, each d relative to its own sum of |terms| (see Matmul), so rtol is
         relative to |u| S_gate + |g| S_up (g and u from float64; this is >= |y|)."""
-        with np.errstate(all="ignore"):
-            xn = f64(inp["x"])
-            bg = None if inp["b_gate"] is None else f64(inp["b_gate"])
-            bu = None if inp["b_up"] is None else f64(inp["b_up"])
-            g = activate(linear(xn, f64(inp["w_gate"]), bg), inp["activation"])
-            u = linear(xn, f64(inp["w_up"]), bu)
-            scale = np.abs(u) * _abs_linear(inp["x"], inp["w_gate"], inp["b_gate"]) + \
-                np.abs(g) * _abs_linear(inp["x"], inp["w_up"], inp["b_up"])
-        return (torch.from_numpy(scale),)
+        xn = f64(inp["x"])
+        bg = None if inp["b_gate"] is None else f64(inp["b_gate"])
+        bu = None if inp["b_up"] is None else f64(inp["b_up"])
+        g = activate(linear(xn, f64(inp["w_gate"]), bg), inp["activation"])
+        u = linear(xn, f64(inp["w_up"]), bu)
+        scale = u.abs() * _abs_linear(inp["x"], inp["w_gate"], inp["b_gate"]) + \
+            g.abs() * _abs_linear(inp["x"], inp["w_up"], inp["b_up"])
+        return (scale,)
 
 
 OPS = {op.name: op for op in (Matmul(), SwiGLU())}

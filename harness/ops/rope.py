@@ -10,6 +10,7 @@ import references
 from harness.cases import Case, make_input, make_param
 from harness.op import Op
 from harness.strategies import layouts, lead_shapes, regimes, row_budget, seeds
+from oracles._torch import one_thread
 
 ROPE_REGIMES = ("normal", "large", "tiny", "outlier", "nonfinite")
 HEAD_DIMS = (40, 64, 72, 80, 96, 111, 128, 160, 256)   # the catalogue's odd head dims among them
@@ -34,12 +35,13 @@ class RopeOp(Op):
             inp["eps"] = case.param("eps", 1e-6)
         return inp
 
+    @one_thread
     def error_scale(self, inputs, expected):
         """rtol is relative to the length of each rotated pair (pass-through dims: |y|)."""
         (y,) = expected
         scale = y.abs().clone()
         half = inputs["rotary_dim"] // 2
-        i = torch.arange(half)
+        i = torch.arange(half, device=y.device)
         a, b = (i, i + half) if inputs["style"] == "neox" else (2 * i, 2 * i + 1)
         length = torch.hypot(y[..., a], y[..., b])
         scale[..., a] = length
