@@ -3,8 +3,6 @@
 Oracles share no code and no algorithm with the kernels (no tiling, no online softmax, no
 shifted statistics). Each takes torch tensors, computes in float64 on the device they are on
 (CPU on the interpreter, the GPU on a GPU run), and returns float64 tensors on that device.
-The attention oracles (oracles/attention.py) still compute in NumPy on the CPU and return CPU
-tensors.
 """
 from oracles.adamw import adamw
 from oracles.activations import bias_gelu

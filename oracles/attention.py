@@ -15,14 +15,12 @@ Besides the outputs, two magnitudes that the budgets are relative to (docs/NUMER
 """
 import torch
 
+from oracles._torch import f64, one_thread
+
 # The largest temporary a chunk of query rows may create, in elements (float64: 8 bytes each):
 # score rows are [rows, Tk] and the out magnitude's spread is [rows, Tk, Dv]. One row at least,
 # so memory stays O(inputs + outputs) whatever the sizes.
 ROW_CHUNK_ELEMENTS = 1 << 22
-
-
-def _f64(t):
-    return t.detach().to(torch.float64)
 
 
 def _visible(Tq, Tk, causal, device):
@@ -150,7 +148,7 @@ def _cu_seqlens(cu_seqlens_q, cu_seqlens_k, total_q, total_k):
 def _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, head):
     """flash_attention's layouts around a per-head function: (out-shaped, lse-shaped) results."""
     scale = _default_scale(q, scale)
-    qn, kn, vn = _f64(q), _f64(k), _f64(v)
+    qn, kn, vn = f64(q), f64(k), f64(v)
     if cu_seqlens_q is None and cu_seqlens_k is None:
         B, Tq, Hq, _ = qn.shape
         out = torch.zeros(B, Tq, Hq, vn.shape[-1], dtype=torch.float64, device=q.device)
@@ -168,6 +166,7 @@ def _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, head):
     return out, rows
 
 
+@one_thread
 def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Fixed length: q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] -> out [B, Tq, Hq, D], lse [B, Hq, Tq].
     Varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens_* [B + 1]
@@ -176,6 +175,7 @@ def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seq
     return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, _head)
 
 
+@one_thread
 def flash_attention_magnitudes(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """(out-shaped M, lse-shaped score magnitude) of _head_out_score_magnitude, in
     flash_attention's layouts: what the score_rtol term of the budget is relative to."""
@@ -184,7 +184,7 @@ def flash_attention_magnitudes(q, k, v, causal=False, scale=None, cu_seqlens_q=N
 
 def _decode(q, k_cache, v_cache, seqlens, scale, block_table, head):
     scale = _default_scale(q, scale)
-    qn, kc, vc = _f64(q), _f64(k_cache), _f64(v_cache)
+    qn, kc, vc = f64(q), f64(k_cache), f64(v_cache)
     lens = seqlens.tolist()
     B, Hq, _ = qn.shape
     out = torch.zeros(B, Hq, vc.shape[-1], dtype=torch.float64, device=q.device)
@@ -206,6 +206,7 @@ def _decode(q, k_cache, v_cache, seqlens, scale, block_table, head):
     return out
 
 
+@one_thread
 def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
     """q [B, Hq, D]; caches [B, Tmax, Hkv, D], or with block_table [B, max_blocks] paged caches
     [num_blocks, block_size, Hkv, D] (position p of row b at block_table[b, p // block_size],
@@ -213,6 +214,7 @@ def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None)
     return _decode(q, k_cache, v_cache, seqlens, scale, block_table, _head)
 
 
+@one_thread
 def decode_out_score_magnitude(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
     """decode_attention's out-shaped M (_head_out_score_magnitude)."""
     return _decode(q, k_cache, v_cache, seqlens, scale, block_table, _head_out_score_magnitude)

@@ -15,7 +15,15 @@ from harness import registry
 from harness.cases import Case
 from harness.compare import compare
 from harness.run import run_case
-from oracles._np import f64, tensor
+
+
+def f64(t: torch.Tensor) -> np.ndarray:
+    """A float64 NumPy copy of a tensor (any device, dtype, strides): the mutants are NumPy math."""
+    return t.detach().to("cpu", torch.float64).numpy().copy()
+
+
+def tensor(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))
 
 
 def _rounded(dtype):

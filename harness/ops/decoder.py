@@ -161,7 +161,7 @@ class Decoder(Op):
 
     def reference(self, inp):
         from references.decoder import decoder_logits
-        rows = decoder_logits(inp["hf_config"], inp["weights"], inp["model"].dtype, sequences(inp))
+        rows = decoder_logits(inp["hf_config"], inp["weights"], inp["model"].dtype, sequences(inp), inp["model"].device)
         return split_rows(rows, inp["lens"], inp["steps"])
 
     def oracle(self, inp):
