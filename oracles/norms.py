@@ -28,6 +28,18 @@ def layernorm(x, w=None, b=None, eps=1e-5):
 
 
 @one_thread
+def layernorm_terms(x, w=None, b=None, eps=1e-5):
+    """|w n| + |b| elementwise, n the normalised x: the sum of the magnitudes of the two terms of
+    y = w n + b. Where they cancel, y keeps their rounding error: the magnitude layernorm's rtol
+    is relative to (it is >= |y|, so it also covers y's own rounding)."""
+    x = f64(x)
+    mean = x.mean(-1, keepdim=True)
+    n = (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + eps)
+    m = n.abs() if w is None else (n * f64(w)).abs()
+    return m if b is None else m + f64(b).abs()
+
+
+@one_thread
 def add_rmsnorm(x, residual, w, eps=1e-6):
     """y normalises u as returned, i.e. rounded to x.dtype (the contract: y = rmsnorm(u))."""
     u = f64(x) + f64(residual)

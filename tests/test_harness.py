@@ -261,3 +261,24 @@ def test_merge_latest_per_op_takes_each_op_from_its_last_run():
     assert sorted((r["op"], r["case"], r["usage"]) for r in records) == [
         ("matmul", "h1", 0.5), ("matmul", "m1", 0.3), ("matmul", "m2", 0.4), ("softmax", "s1", 0.2)]
     assert [p["supplies_ops"] for p in merged["parts"]] == [["matmul", "softmax"], ["matmul"]]
+
+
+def test_overflow_edge_accepts_either_side_within_budget():
+    """fp16's overflow edge is 65520 (65504 + half an ulp). An oracle value beyond it is expected
+    as inf; where the budget's band straddles it, 65504 and inf are both right (an in-budget fp32
+    sum of -65519.9 stores as -65504, the oracle's -65520.1 as -inf); far beyond, a finite
+    output is still a non-finite mismatch, and inside the range an inf still fails."""
+    from harness.budgets import Budget
+    from harness.compare import compare
+
+    b = Budget(atol=0.0, rtol=1e-3, reason="test", table="t")          # allows ~65.5 at the edge
+    f16 = lambda *v: torch.tensor(v, dtype=torch.float16)               # noqa: E731
+    o = torch.tensor([-65520.1, 65530.0, 70000.0, 60000.0], dtype=torch.float64)
+    assert compare("y", f16(-65504, 65504, float("inf"), 60000), o, b).passed
+    assert compare("y", f16(-float("inf"), float("inf"), float("inf"), 60000), o, b).passed
+    assert not compare("y", f16(-65504, 65504, 65504, 60000), o, b).passed       # 70000: far past the edge
+    far = compare("y", f16(-65504, 65504, float("inf"), float("inf")), o, b)    # 60000: an inf is wrong
+    assert not far.passed and "non-finite" in far.problem
+    # A dtype without infinities (e4m3fn) keeps the oracle's values as they are.
+    e4 = torch.tensor([448.0], dtype=torch.float64)
+    assert compare("y", e4.to(torch.float8_e4m3fn), e4, b).passed
