@@ -19,12 +19,15 @@ def _default_scale(q, scale):
 
 def _sdpa(q, k, v, scale, causal=False):
     """SDPA on [B, H, T, D] tensors as a PyTorch user calls it, made robust for a test suite:
-    contiguous copies (on an H200, SDPA's memory-efficient kernel faulted with a misaligned
+    fresh contiguous copies (on an H200, SDPA's memory-efficient kernel faulted with a misaligned
     address, or found no kernel, on inputs with a storage offset of one element), bottom-right
     causality through torch's causal_lower_right bias instead of a boolean mask tensor, and
     fp32 through the math backend (fp32 SDPA otherwise lands on the memory-efficient kernel,
     the one that faulted)."""
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    # Fresh copies, not .contiguous(): a view with a size-1 dim can count as contiguous and come
+    # back as is, storage offset and all (q of one token, offset by one element: SDPA's flash
+    # kernel read 16 bytes misaligned and broke the CUDA context, H200, 2026-11-24).
+    q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
         # Tq > Tk: torch warns that rows that see nothing come out NaN; the caller zeroes them.
         warnings.simplefilter("ignore", UserWarning)
