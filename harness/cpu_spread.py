@@ -299,6 +299,10 @@ def markdown(report: dict, command: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
+def _labels(meta: dict) -> list:
+    return sorted(map(baselines.core_label, meta.get(baselines.ENVELOPE) or []))
+
+
 def write_envelope(runs: list[Run], path, budgets, echo=print) -> int:
     """--write-baseline: the envelope of the runs' audits, written as --update-baseline writes (a
     filtered run replaces only the groups it selected), after the gate's report against the old
@@ -311,6 +315,13 @@ def write_envelope(runs: list[Run], path, budgets, echo=print) -> int:
         filtered = bool(selection["filters"]) or selection["stopped"]
         base = baselines.load_for_gate(path, meta["backend"], meta["profile"], update=True, filtered=filtered,
                                        envelope=True)
+        if filtered and base is not None and _labels(base.meta) != _labels(meta):
+            # The groups this run did not select would stay as they are, under a meta that says
+            # they cover this run's core types.
+            was = f"the envelope of {', '.join(_labels(base.meta))}" if _labels(base.meta) else "of one CPU"
+            raise baselines.BaselineError(
+                f"{path} is {was}; a filtered run under {', '.join(_labels(meta))} would keep its other groups under "
+                "a meta that says they cover these core types: rewrite it unfiltered, or with its own --cores")
     except baselines.BaselineError as e:
         echo(f"cpu_spread: {e}")
         return EXIT_USAGE

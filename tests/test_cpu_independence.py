@@ -155,3 +155,39 @@ def test_the_test_is_a_declared_gap_on_the_gpu_only():
     gap = gaps.find("gpu", *item, {})
     assert gap is not None and gap.id == "gpu-dot-not-numpy-blas"
     assert gaps.find("interpreter", *item, {"numpy": "2.4.6", "triton": "3.9.0"}) is None
+
+
+def _full_run(core, corename, records, filters=(), exitstatus=0):
+    run = _run(core, corename, records)
+    ran = sorted({("tests/test_ops.py::test_pinned", r["op"], r["dtype"], r["config"], r["values"]) for r in records})
+    run.doc["meta"].update(backend="interpreter", device="Triton interpreter (CPU)", profile="ci", exitstatus=exitstatus,
+                           versions={"numpy": "2.4.6"}, selection={"filters": list(filters), "stopped": False,
+                                                                    "ran": [list(t) for t in ran]})
+    return run
+
+
+def test_write_baseline_writes_the_envelope_and_keeps_its_meta_honest(tmp_path):
+    budgets = budget_file.load(ROOT / "tolerances.toml")
+    path, lines = tmp_path / "baseline.json", []
+    a = [_rec(values="normal", usage=0.1), _rec(values="outlier", usage=0.3)]
+    b = [_rec(values="normal", usage=0.2), _rec(values="outlier", usage=0.25)]
+    runs = [_full_run("native", "SkylakeX", a), _full_run("Haswell", "Haswell", b)]
+    assert cpu_spread.write_envelope(runs, path, budgets, echo=lines.append) == 0, lines
+    base = bl.load(path)
+    assert {k[4]: r["usage"] for k, r in base.rows.items()} == {"normal": 0.2, "outlier": 0.3}
+    assert [c["corename"] for c in base.meta[bl.ENVELOPE]] == ["SkylakeX", "Haswell"]
+    # a filtered run (--op matmul) under the same core types replaces only its groups
+    filtered = [_full_run("native", "SkylakeX", a[:1], ["--op"]), _full_run("Haswell", "Haswell", a[:1], ["--op"])]
+    assert cpu_spread.write_envelope(filtered, path, budgets, echo=lines.append) == 0, lines
+    assert {k[4]: r["usage"] for k, r in bl.load(path).rows.items()} == {"normal": 0.1, "outlier": 0.3}
+    # ... but not under other core types, nor into a baseline of one CPU: the kept groups would be mislabelled
+    other = [_full_run("native", "SkylakeX", a[:1], ["--op"]), _full_run("Prescott", "Katmai", a[:1], ["--op"])]
+    assert cpu_spread.write_envelope(other, path, budgets, echo=lines.append) == cpu_spread.EXIT_USAGE
+    assert "is the envelope of Haswell (Haswell), native (SkylakeX); a filtered run" in lines[-1]
+    bl.write(path, bl.make_meta("interpreter", "Triton interpreter (CPU)", "ci", {}), base.rows)
+    assert cpu_spread.write_envelope(filtered, path, budgets, echo=lines.append) == cpu_spread.EXIT_USAGE
+    assert "is of one CPU" in lines[-1]
+    # a failed run writes nothing
+    failed = [_full_run("native", "SkylakeX", a), _full_run("Haswell", "Haswell", b, exitstatus=1)]
+    assert cpu_spread.write_envelope(failed, tmp_path / "new.json", budgets, echo=lines.append) == cpu_spread.EXIT_USAGE
+    assert "did not pass" in lines[-1] and not (tmp_path / "new.json").exists()
