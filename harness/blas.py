@@ -5,6 +5,10 @@ with DYNAMIC_ARCH), which picks its sgemm kernels by CPU when NumPy is imported.
 different CPUs sum in different orders, so a kernel's rounding, hence its error, depends on the CPU.
 `OPENBLAS_CORETYPE=Haswell` (in the environment before NumPy is imported) forces one core type, so
 one machine can run another CPU's kernels; `info()` reads back the one in use.
+
+torch's CPU kernels (the PyTorch references, oracles computed with torch) dispatch on the CPU
+too: MKL's BLAS by instruction set (`MKL_ENABLE_INSTRUCTIONS` caps it) and ATen's vectorized
+loops by capability (`ATEN_CPU_CAPABILITY`); `info()` records both as well.
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import os
 from pathlib import Path
 
 ENV = "OPENBLAS_CORETYPE"
+MKL_ENV = "MKL_ENABLE_INSTRUCTIONS"
+ATEN_ENV = "ATEN_CPU_CAPABILITY"
 
 # OpenBLAS exports openblas_get_corename; scipy-openblas renames its symbols with a prefix and a
 # suffix (scipy_openblas_get_corename64_). The same names threadpoolctl tries.
@@ -35,9 +41,16 @@ def _loaded_libraries() -> list[str]:
 
 def info() -> dict:
     """{"coretype": OPENBLAS_CORETYPE as set (None: unset), "corename": the core type OpenBLAS
-    runs (None when NumPy's BLAS is not an OpenBLAS that says), "library": its file name}.
-    Imports NumPy (which loads its BLAS); never raises."""
-    out = {"coretype": os.environ.get(ENV), "corename": None, "library": None}
+    runs (None when NumPy's BLAS is not an OpenBLAS that says), "library": its file name,
+    "mkl_instructions": MKL_ENABLE_INSTRUCTIONS as set, "torch_cpu_capability": ATen's, as in
+    use}. Imports NumPy (which loads its BLAS) and torch; never raises."""
+    out = {"coretype": os.environ.get(ENV), "corename": None, "library": None,
+           "mkl_instructions": os.environ.get(MKL_ENV), "torch_cpu_capability": None}
+    try:
+        import torch
+        out["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except Exception:
+        pass
     try:
         import numpy  # noqa: F401  (loads the BLAS)
         for path in _loaded_libraries():

@@ -5,10 +5,13 @@
 
 (installed as `kernelcheck-cpu-spread`). On the interpreter `tl.dot` is NumPy's matmul, whose
 OpenBLAS picks its kernels by CPU (harness/blas.py), and kernels of different CPUs sum in different
-orders: the same case has other errors on another machine. This runs the CI command's selection
-(the whole suite, or --op/--dtype and the pytest arguments after `--`) on the interpreter once per
-core type, each in a subprocess with OPENBLAS_CORETYPE set (unset for `native`), each with
---audit-json, and writes to DIR:
+orders: the same case has other errors on another machine. torch's CPU kernels (the references,
+oracles computed with torch) dispatch on the CPU as well: MKL's BLAS by instruction set, ATen's
+loops by capability. This runs the CI command's selection (the whole suite, or --op/--dtype and
+the pytest arguments after `--`) on the interpreter once per core type, each in a subprocess with
+OPENBLAS_CORETYPE set (unset for `native`) and, unless --openblas-only, MKL_ENABLE_INSTRUCTIONS
+and ATEN_CPU_CAPABILITY capped at that core type's instruction set (TORCH_ENV), so that each run
+stands for a CPU of that kind; each with --audit-json. It writes to DIR:
 
 - spread.json, spread.md: per case group (the baseline's: op, dtype, test, config, values, output)
   the worst error/allowed ("usage") under each core type, min, max, and max/min with both first
@@ -18,9 +21,10 @@ core type, each in a subprocess with OPENBLAS_CORETYPE set (unset for `native`),
   baseline_growth: a one-CPU baseline would fail the gate on another CPU); per op the largest spread;
 - audit-<core>.json and <core>.log of every run.
 
-Each run reads back the core type OpenBLAS really uses (the audit's meta.blas, and a probe before
-the runs). A forced core type that does not take effect (unknown to this OpenBLAS, or a BLAS that
-ignores OPENBLAS_CORETYPE) stops the tool before the runs: it never reports the spread of
+Each run reads back the kernels really in use: OpenBLAS's core type (the audit's meta.blas, and a
+probe before the runs), ATen's capability (both) and MKL's instruction set (the probe, from
+MKL_VERBOSE). A setting that does not take effect (a core type unknown to this OpenBLAS, a BLAS
+that ignores the variable) stops the tool before the runs: it never reports the spread of
 identical runs as stable. Core types the build maps onto one kernel set (Zen runs Haswell's
 here) are run and named as such.
 
@@ -38,6 +42,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -53,64 +58,111 @@ DEFAULT_CORES = (NATIVE, "Prescott", "Nehalem", "Sandybridge", "Haswell", "Zen")
 # Prescott's kernels report as "Katmai" (their table entry comes first), and Zen runs Haswell's
 # unless the build has kernels of its own (driver/others/dynamic.c, DYNAMIC_LIST).
 ALIASES = {"prescott": {"katmai"}, "zen": {"haswell"}}
+# torch's CPU dispatch to go with each core type: MKL's instruction set (it has nothing below
+# SSE4.2, and runs AVX-only CPUs as SSE4.2) and ATen's capability (default, avx2, avx512).
+TORCH_ENV = {
+    "prescott": {blas.MKL_ENV: "SSE4_2", blas.ATEN_ENV: "default"},
+    "nehalem": {blas.MKL_ENV: "SSE4_2", blas.ATEN_ENV: "default"},
+    "sandybridge": {blas.MKL_ENV: "SSE4_2", blas.ATEN_ENV: "default"},
+    "haswell": {blas.MKL_ENV: "AVX2", blas.ATEN_ENV: "avx2"},
+    "zen": {blas.MKL_ENV: "AVX2", blas.ATEN_ENV: "avx2"},
+    "skylakex": {blas.MKL_ENV: "AVX512", blas.ATEN_ENV: "avx512"},
+}
 # Threads: one each for OpenBLAS and torch (the plugin gives xdist workers one torch thread; a run
 # without xdist gets the same from OMP_NUM_THREADS), so parallel runs do not fight over the cores.
 THREADS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 EXIT_FAILED, EXIT_SETUP, EXIT_USAGE = 1, 2, 4
 
-# Run in a subprocess under one core type: which kernels OpenBLAS uses (a small sgemm first, so
-# that a core type this CPU lacks the instructions for dies here, of SIGILL, not in the suite).
-PROBE = ("import json, numpy; a = numpy.ones((64, 64), numpy.float32); a @ a\n"
-         "from harness import blas; print(json.dumps(blas.info()))")
+# Run in a subprocess under one core type: which kernels OpenBLAS and ATen use (a small sgemm
+# first, so that a core type this CPU lacks the instructions for dies here, of SIGILL, not in the
+# suite), then a torch matmul, for which MKL_VERBOSE makes MKL name its instruction set.
+PROBE = """import json, sys, numpy
+a = numpy.ones((64, 64), numpy.float32); a @ a
+from harness import blas
+import torch
+print(json.dumps({**blas.info(), "mkl": torch.backends.mkl.is_available()})); sys.stdout.flush()
+torch.ones(64, 64) @ torch.ones(64, 64)
+"""
 
 
 class SpreadError(RuntimeError):
     pass
 
 
-def subprocess_env(core: str, base: dict | None = None) -> dict:
-    """The environment of a run under `core`: OPENBLAS_CORETYPE set (removed for native), one
-    thread per BLAS, the repository importable, nothing of an enclosing pytest run."""
+def subprocess_env(core: str, base: dict | None = None, torch_dispatch: bool = True) -> dict:
+    """The environment of a run under `core`: OPENBLAS_CORETYPE set (removed for native), torch's
+    dispatch capped to match (TORCH_ENV, with torch_dispatch), one thread per BLAS, the repository
+    importable, nothing of an enclosing pytest run."""
     env = {**(os.environ if base is None else base), **THREADS_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    for key in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST"):
+    for key in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST",
+                blas.ENV, blas.MKL_ENV, blas.ATEN_ENV):
         env.pop(key, None)
-    if core == NATIVE:
-        env.pop(blas.ENV, None)
-    else:
+    if core != NATIVE:
         env[blas.ENV] = core
+        if torch_dispatch:
+            env.update(TORCH_ENV.get(core.lower(), {}))
     return env
 
 
-def probe(core: str) -> dict:
-    """blas.info() in a fresh interpreter under `core`; SpreadError if that interpreter died."""
-    proc = subprocess.run([sys.executable, "-c", PROBE], env=subprocess_env(core), cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+def _mkl_isa(text: str) -> str | None:
+    """The instruction set in MKL_VERBOSE's banner ("... for Intel(R) 64 architecture Intel(R)
+    Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors ..."): "AVX2"."""
+    for line in text.splitlines():
+        if line.startswith("MKL_VERBOSE") and "architecture" in line:
+            found = re.search(r"\(Intel\(R\) ([A-Za-z0-9.\-_]+)\)", line.split("architecture", 1)[1])
+            return found.group(1) if found else None
+    return None
+
+
+def probe(core: str, torch_dispatch: bool = True) -> dict:
+    """blas.info() in a fresh interpreter under `core`, with "mkl_isa": the instruction set MKL
+    runs (None without MKL); SpreadError if that interpreter died."""
+    env = {**subprocess_env(core, torch_dispatch=torch_dispatch), "MKL_VERBOSE": "1"}
+    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
     if proc.returncode != 0:
         why = " (SIGILL: this CPU lacks the instructions of these kernels)" if proc.returncode == -4 else ""
         raise SpreadError(f"OPENBLAS_CORETYPE={core}: the probe exited {proc.returncode}{why}: {proc.stderr[-500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    info = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    info["mkl_isa"] = _mkl_isa(proc.stdout) if info.pop("mkl") else None
+    info["torch_dispatch"] = {k: env[k] for k in (blas.MKL_ENV, blas.ATEN_ENV) if k in env}
+    return info
+
+
+def _alnum(text) -> str:
+    return "".join(ch for ch in str(text).lower() if ch.isalnum())
 
 
 def forced_problem(core: str, info: dict) -> str | None:
-    """Why `core` did not take effect, judging by what OpenBLAS reports (info: blas.info()), or None."""
+    """Why `core` did not take effect, judging by the kernels the probe found (info: probe()), or None."""
     name = info.get("corename")
     if name is None:
         return (f"OPENBLAS_CORETYPE={core}: NumPy's BLAS ({info.get('library') or 'not found'}) reports no OpenBLAS "
                 "core type: the tool cannot force or read back its kernels")
-    if core == NATIVE:
-        return None
-    if name.lower() != core.lower() and name.lower() not in ALIASES.get(core.lower(), ()):
+    if core != NATIVE and name.lower() != core.lower() and name.lower() not in ALIASES.get(core.lower(), ()):
         return (f"OPENBLAS_CORETYPE={core} did not take effect: OpenBLAS runs {name} kernels (a core type this "
                 "OpenBLAS does not know, or a BLAS that ignores the variable)")
+    wanted = info.get("torch_dispatch") or {}
+    if blas.ATEN_ENV in wanted and _alnum(wanted[blas.ATEN_ENV]) != _alnum(info.get("torch_cpu_capability")):
+        return (f"{core}: {blas.ATEN_ENV}={wanted[blas.ATEN_ENV]} did not take effect: ATen runs "
+                f"{info.get('torch_cpu_capability')}")
+    if blas.MKL_ENV in wanted and info.get("mkl_isa") is not None and \
+            _alnum(wanted[blas.MKL_ENV]) != _alnum(info["mkl_isa"]):
+        return f"{core}: {blas.MKL_ENV}={wanted[blas.MKL_ENV]} did not take effect: MKL runs {info['mkl_isa']}"
     return None
+
+
+def kernels(info: dict) -> tuple:
+    """What a run's rounding depends on: OpenBLAS's, MKL's and ATen's kernels."""
+    return info.get("corename"), info.get("mkl_isa"), info.get("torch_cpu_capability")
 
 
 def check_cores(cores, infos: dict) -> list:
     """Problems that make the runs meaningless: a core type not in effect, or every run on the
     same kernels (their spread would be 1 by construction)."""
     problems = [p for c in cores if (p := forced_problem(c, infos[c]))]
-    if not problems and len({infos[c]["corename"] for c in cores}) < 2:
+    if not problems and len({kernels(infos[c]) for c in cores}) < 2:
         problems.append(f"every core type ({', '.join(cores)}) runs the same kernels "
                         f"({infos[cores[0]]['corename']}): there is no spread to measure")
     return problems
@@ -128,8 +180,13 @@ class Run:
     summary: str = ""                # pytest's last line
 
     @property
+    def blas(self) -> dict:
+        """The run's meta.blas: the kernels it ran (harness/blas.py, info)."""
+        return (self.doc or {}).get("meta", {}).get("blas") or {}
+
+    @property
     def corename(self) -> str | None:
-        return ((self.doc or {}).get("meta", {}).get("blas") or {}).get("corename")
+        return self.blas.get("corename")
 
     @property
     def label(self) -> str:
@@ -141,7 +198,8 @@ def pytest_command(audit_path, workers: str, pytest_args) -> list:
             f"--audit-json={audit_path}", *pytest_args]
 
 
-def run_all(cores, out_dir, pytest_args=(), workers="auto", parallel=False, echo=print) -> list[Run]:
+def run_all(cores, out_dir, pytest_args=(), workers="auto", parallel=False, torch_dispatch=True,
+            echo=print) -> list[Run]:
     """Run the pytest command once per core type (at once with `parallel`, else one after the
     other), each writing audit-<core>.json and <core>.log in out_dir."""
     out_dir = Path(out_dir)
@@ -154,8 +212,8 @@ def run_all(cores, out_dir, pytest_args=(), workers="auto", parallel=False, echo
     def start(r):
         r.seconds = time.monotonic()
         with open(r.log_path, "w") as log:
-            return subprocess.Popen(r.command, cwd=ROOT, env=subprocess_env(r.core), stdout=log,
-                                    stderr=subprocess.STDOUT)
+            return subprocess.Popen(r.command, cwd=ROOT, env=subprocess_env(r.core, torch_dispatch=torch_dispatch),
+                                    stdout=log, stderr=subprocess.STDOUT)
 
     def finish(r, proc):
         r.returncode = proc.wait()
@@ -257,17 +315,17 @@ def markdown(report: dict, command: str = "") -> str:
     flagged = [g for g in groups if g["flags"]]
     moved = sorted((g for g in groups if audit.num(g["spread"]) > 1 and not g["flags"]),
                    key=lambda g: -audit.num(g["spread"]))
-    out = ["# Cross-CPU spread (OpenBLAS core types)", ""]
+    out = ["# Cross-CPU spread (BLAS core types)", ""]
     if command:
         out += [f"`{command}`", ""]
-    out += ["| core type | OpenBLAS runs | exit | time | pytest |", "|---|---|---|---|---|"]
-    out += [f"| {c['core']} | {c['corename']} | {c['returncode']} | {c['seconds']:.0f} s | {c['summary']} |"
-            for c in report["cores"]]
+    out += ["| core type | OpenBLAS | MKL | ATen | exit | time | pytest |", "|---|---|---|---|---|---|---|"]
+    out += [f"| {c['core']} | {c['corename']} | {c.get('mkl', '-')} | {c.get('aten', '-')} | {c['returncode']} | "
+            f"{c['seconds']:.0f} s | {c['summary']} |" for c in report["cores"]]
     by_kernels = {}
     for c in report["cores"]:
-        by_kernels.setdefault(c["corename"], []).append(c["core"])
-    out += [f"\n{', '.join(cs)}: the same kernels ({name}) in this OpenBLAS build."
-            for name, cs in by_kernels.items() if len(cs) > 1]
+        by_kernels.setdefault((c["corename"], c.get("mkl"), c.get("aten")), []).append(c["core"])
+    out += [f"\n{', '.join(cs)}: the same kernels ({', '.join(map(str, k))})."
+            for k, cs in by_kernels.items() if len(cs) > 1]
     out += ["", "usage: worst error/allowed of the group (1 = at the budget); spread: max/min, both first raised to "
                 f"baseline_floor {report['floor']:g}; SWINGS: spread above the op's baseline_growth; VERDICT DIFFERS: "
                 "a check passes under one core type and fails (or is missing) under another.", "",
@@ -347,6 +405,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", action="append", default=[], metavar="DTYPE[,DTYPE]", help="passed to pytest")
     ap.add_argument("-n", dest="workers", default="auto", help="xdist workers of each run (default: %(default)s)")
     ap.add_argument("--parallel", action="store_true", help="start every run at once (with -n 0 or 1, say)")
+    ap.add_argument("--openblas-only", action="store_true",
+                    help="vary only OpenBLAS's core type; leave torch's MKL and ATen dispatch to this machine")
     ap.add_argument("--write-baseline", metavar="PATH", help="write the envelope baseline of the runs to PATH")
     ap.add_argument("--tolerances", default=str(ROOT / "tolerances.toml"), metavar="PATH",
                     help="budgets file with the gate's settings (default: the repository's); passed to pytest too")
@@ -363,15 +423,17 @@ def main(argv=None) -> int:
     pytest_args = ([f"--op={o}" for o in args.op] + [f"--dtype={d}" for d in args.dtype]
                    + [f"--tolerances={args.tolerances}"] + list(args.pytest_args))
 
-    print(f"probing {len(cores)} OpenBLAS core types")
+    torch_dispatch = not args.openblas_only
+    print(f"probing {len(cores)} core types")
     try:
-        infos = {c: probe(c) for c in cores}
+        infos = {c: probe(c, torch_dispatch) for c in cores}
     except SpreadError as e:
         print(f"cpu_spread: {e}", file=sys.stderr)
         return EXIT_SETUP
     problems = check_cores(cores, infos)
     for c in cores:
-        print(f"  {c}: OpenBLAS runs {infos[c]['corename']} kernels ({infos[c]['library']})")
+        print(f"  {c}: OpenBLAS {infos[c]['corename']} ({infos[c]['library']}), MKL {infos[c]['mkl_isa']}, "
+              f"ATen {infos[c]['torch_cpu_capability']}")
     if problems:
         print("cpu_spread: " + "\n".join(problems), file=sys.stderr)
         return EXIT_SETUP
@@ -379,20 +441,22 @@ def main(argv=None) -> int:
     out = Path(args.out)
     command = " ".join(pytest_command("audit-<core>.json", args.workers, pytest_args)[1:])
     print(f"running under each core type: python {command}")
-    runs = run_all(cores, out, pytest_args, args.workers, args.parallel)
+    runs = run_all(cores, out, pytest_args, args.workers, args.parallel, torch_dispatch)
     status = 0
     missing = [r.label for r in runs if r.doc is None]
     if missing:
         print(f"cpu_spread: no audit from {', '.join(missing)} (see its log in {out})", file=sys.stderr)
         return EXIT_SETUP
     # The runs themselves must have used the kernels the probes found.
-    wrong = [f"{r.core}: the run used {r.corename}, the probe {infos[r.core]['corename']}" for r in runs
-             if r.corename != infos[r.core]["corename"]]
+    wrong = [f"{r.core}: the run used {r.blas.get(k)}, the probe {infos[r.core][k]} ({k})" for r in runs
+             for k in ("corename", "torch_cpu_capability") if r.blas.get(k) != infos[r.core][k]]
     if wrong:
         print("cpu_spread: " + "; ".join(wrong), file=sys.stderr)
         return EXIT_SETUP
 
     report = analyse(runs, budgets)
+    for entry in report["cores"]:
+        entry.update(mkl=infos[entry["core"]]["mkl_isa"], aten=infos[entry["core"]]["torch_cpu_capability"])
     report["command"] = f"python {command}"
     (out / "spread.json").write_text(json.dumps(report, indent=1, sort_keys=True, allow_nan=False) + "\n")
     (out / "spread.md").write_text(markdown(report, report["command"]))

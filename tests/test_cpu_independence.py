@@ -2,12 +2,14 @@
 
 On the interpreter `tl.dot` is NumPy's matmul, and NumPy's OpenBLAS picks its sgemm kernels by
 CPU: kernels of different CPUs sum in different orders, so a case's error differs from one
-machine to another (harness/blas.py). A budget the error meets on one CPU and misses on another
-would pass CI here and fail it there. The test runs the pinned catalogue of every op whose
-kernels call `tl.dot` under two core types that sum in different orders (OPENBLAS_CORETYPE
-Haswell and Prescott, in subprocesses, with harness/cpu_spread.py) and fails if any check's
-verdict differs between them or either run fails. On a GPU no kernel goes through NumPy's BLAS:
-there the test is a declared gap (gpu-dot-not-numpy-blas, harness/gaps.py).
+machine to another (harness/blas.py); torch's CPU kernels, which compute the references, dispatch
+on the CPU too (MKL, ATen). A budget the error meets on one CPU and misses on another would pass
+CI here and fail it there. The test runs the pinned catalogue of every op whose kernels call
+`tl.dot` as on two CPUs that sum in different orders (OPENBLAS_CORETYPE Haswell and Prescott, with
+torch's MKL and ATen capped to match: AVX2 and SSE4.2; in subprocesses, with
+harness/cpu_spread.py) and fails if any check's verdict differs between them or either run fails.
+On a GPU no kernel goes through NumPy's BLAS: there the test is a declared gap
+(gpu-dot-not-numpy-blas, harness/gaps.py).
 
 The tool's own logic (core types in effect, the spread report's flags) is checked below on
 made-up audits."""
@@ -49,32 +51,37 @@ def test_verdicts_do_not_depend_on_the_blas_kernels(op, dtype, config, backend, 
                                            "on a GPU there is nothing to vary (declared gap gpu-dot-not-numpy-blas)")
     ops = op.split(",")
     args = selection(backend, ops)
+    infos = {core: cpu_spread.probe(core) for core in CORES}
+    assert not cpu_spread.check_cores(CORES, infos), cpu_spread.check_cores(CORES, infos)
     runs = cpu_spread.run_all(CORES, tmp_path, args, workers="0", parallel=True, echo=lambda line: None)
     replay = f"python -m harness.cpu_spread --out DIR --cores {','.join(CORES)} -n 0 --parallel -- " + " ".join(
         f"'{a}'" if " " in a else a for a in args)
     for run in runs:
-        assert run.returncode == 0 and run.doc is not None, (
-            f"the run under OPENBLAS_CORETYPE={run.core} did not pass (exit {run.returncode}); replay: {replay}\n"
-            + _failures(run))
-    # Both core types were in effect, and they are not the same kernels.
+        assert run.doc is not None, f"no audit from the run under {run.core}; replay: {replay}\n" + _failures(run)
+    # Each run used the kernels its probe found: both core types in effect, and not the same kernels.
     for run in runs:
-        assert cpu_spread.forced_problem(run.core, {"corename": run.corename}) is None, run.label
-    assert runs[0].corename != runs[1].corename, [r.label for r in runs]
+        for key in ("corename", "torch_cpu_capability"):
+            assert run.blas.get(key) == infos[run.core][key], (run.core, key, run.blas, infos[run.core])
 
     report = cpu_spread.analyse(runs, budgets)
     assert {g["op"] for g in report["groups"]} == set(ops), "some op checked nothing"
-    differs = [g for g in report["groups"] if "VERDICT DIFFERS" in g["flags"]]
     lines = []
-    for g in differs:
-        for d in g["checks_differ"] or [{"case": "(a whole group)", "output": g["output"], "passed": {},
-                                         "usage": g["usage"]}]:
-            lines.append(f"{g['op']} {g['dtype']} {g['group']}: {d['case']} '{d['output']}': " + ", ".join(
-                f"{c} {cpu_spread.fmt_verdict(d['passed'].get(c))} "
-                f"(usage {cpu_spread.fmt_usage(d['usage'].get(c))})" for c in CORES))
-    assert not lines, ("a check's verdict depends on the BLAS kernels, i.e. on the CPU (usage: error/allowed, 1 = at "
-                       f"the budget); replay: {replay}\n" + "\n".join(lines))
+    for g in report["groups"]:
+        if "VERDICT DIFFERS" in g["flags"]:
+            for d in g["checks_differ"] or [{"case": "(the whole group)", "output": g["output"], "passed": {},
+                                             "usage": g["usage"]}]:
+                verdicts = [f"{c} {cpu_spread.fmt_verdict(d['passed'].get(c))} "
+                            f"(usage {cpu_spread.fmt_usage(d['usage'].get(c))})" for c in CORES]
+                lines.append(f"{g['op']} {g['dtype']} {g['group']}: {d['case']} '{d['output']}': "
+                             + ", ".join(verdicts))
+    assert not lines, ("a check's verdict depends on the CPU's BLAS kernels (usage: error/allowed, 1 = at the "
+                       f"budget); replay: {replay}\n" + "\n".join(lines))
+    for run in runs:           # failures on both CPUs alike
+        status = run.returncode
+        assert status == 0, (f"the run under {run.core} did not pass (exit {status}); replay: {replay}\n"
+                             + _failures(run))
     # Not vacuous: the two kernel sets did round differently somewhere.
-    assert any(audit.num(g["spread"]) > 1 or g["min"] != g["max"] for g in report["groups"]), (
+    assert any(g["min"] != g["max"] for g in report["groups"]), (
         "every usage is identical under both core types: did tl.dot go through NumPy's BLAS?")
 
 
@@ -88,6 +95,13 @@ def test_a_forced_core_type_must_take_effect():
     assert ok("Zen", {"corename": "Haswell"}) is None              # Zen runs Haswell's kernels in NumPy's build
     assert "did not take effect: OpenBLAS runs SkylakeX" in ok("Bogus", {"corename": "SkylakeX"})
     assert "reports no OpenBLAS core type" in ok("native", {"corename": None, "library": None})
+    torch = {"torch_dispatch": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
+    assert ok("Haswell", {"corename": "Haswell", "mkl_isa": "AVX2", "torch_cpu_capability": "AVX2", **torch}) is None
+    assert ok("Haswell", {"corename": "Haswell", "mkl_isa": None, "torch_cpu_capability": "AVX2", **torch}) is None
+    assert "ATEN_CPU_CAPABILITY=avx2 did not take effect: ATen runs AVX512" in ok(
+        "Haswell", {"corename": "Haswell", "mkl_isa": "AVX2", "torch_cpu_capability": "AVX512", **torch})
+    assert "MKL_ENABLE_INSTRUCTIONS=AVX2 did not take effect: MKL runs AVX-512" in ok(
+        "Haswell", {"corename": "Haswell", "mkl_isa": "AVX-512", "torch_cpu_capability": "AVX2", **torch})
     infos = {"native": {"corename": "Haswell"}, "Haswell": {"corename": "Haswell"}, "Zen": {"corename": "Haswell"}}
     assert "there is no spread to measure" in cpu_spread.check_cores(["native", "Haswell", "Zen"], infos)[0]
     infos["Prescott"] = {"corename": "Katmai"}
@@ -97,6 +111,10 @@ def test_a_forced_core_type_must_take_effect():
 def test_the_probe_reads_back_the_forced_core_type():
     info = cpu_spread.probe("Prescott")
     assert info["coretype"] == "Prescott" and cpu_spread.forced_problem("Prescott", info) is None, info
+    assert info["torch_cpu_capability"] == "DEFAULT" and info["mkl_isa"] in ("SSE4.2", None), info
+    banner = ("MKL_VERBOSE oneMKL 2024.0 Update 2 Product build 20240605 for Intel(R) 64 architecture "
+              "Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors, Lnx 2.60GHz lp64 gnu_thread")
+    assert cpu_spread._mkl_isa(banner) == "AVX2"
 
 
 def _rec(op="matmul", dtype="float32", values="normal", usage=0.1, passed=True, case=None, output="y"):
@@ -160,9 +178,9 @@ def test_the_test_is_a_declared_gap_on_the_gpu_only():
 def _full_run(core, corename, records, filters=(), exitstatus=0):
     run = _run(core, corename, records)
     ran = sorted({("tests/test_ops.py::test_pinned", r["op"], r["dtype"], r["config"], r["values"]) for r in records})
-    run.doc["meta"].update(backend="interpreter", device="Triton interpreter (CPU)", profile="ci", exitstatus=exitstatus,
-                           versions={"numpy": "2.4.6"}, selection={"filters": list(filters), "stopped": False,
-                                                                    "ran": [list(t) for t in ran]})
+    run.doc["meta"].update(backend="interpreter", device="Triton interpreter (CPU)", profile="ci",
+                           exitstatus=exitstatus, versions={"numpy": "2.4.6"},
+                           selection={"filters": list(filters), "stopped": False, "ran": [list(t) for t in ran]})
     return run
 
 
