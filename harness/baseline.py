@@ -458,7 +458,7 @@ def envelope(docs: list[dict], names: list[str] | None = None) -> tuple[list, di
     (harness/cpu_spread.py: one per BLAS core type): per case group, the records of the audit
     whose worst error/allowed is the largest (the first such audit on a tie), so the group's row
     is that audit's (usage, worst case, max abs error). Returns (records, meta); meta as an
-    audit's, with ENVELOPE: each audit's BLAS core type (its meta.blas).
+    audit's, with ENVELOPE: each audit's kernels (from its meta.blas).
 
     Raises BaselineError when the audits are not one run on several CPUs: they differ in backend,
     device, profile or versions, in what they selected, in their case groups, or in a group's
@@ -498,8 +498,10 @@ def envelope(docs: list[dict], names: list[str] | None = None) -> tuple[list, di
     meta["exitstatus"] = max(int(d["meta"].get("exitstatus") or 0) for d in docs)
     if "selection" in first:
         meta["selection"] = first["selection"]
-    meta[ENVELOPE] = [{"coretype": (d["meta"].get("blas") or {}).get("coretype") or None,
-                       "corename": (d["meta"].get("blas") or {}).get("corename")} for d in docs]
+    # Each audit's kernels (meta.blas): OpenBLAS's core type as forced and as run, torch's dispatch.
+    meta[ENVELOPE] = [{"coretype": blas.get("coretype") or None, "corename": blas.get("corename"),
+                       **{k: blas[k] for k in ("mkl_instructions", "torch_cpu_capability") if k in blas}}
+                      for blas in (d["meta"].get("blas") or {} for d in docs)]
     return records, meta
 
 

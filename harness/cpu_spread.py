@@ -1,4 +1,4 @@
-"""Cross-CPU spread: the suite once per OpenBLAS core type, and how far its errors and verdicts move.
+"""Cross-CPU spread: the suite once per BLAS core type, and how far its errors and verdicts move.
 
     python -m harness.cpu_spread --out DIR [--cores native,Prescott,...] [--op OPS] [--dtype DTYPES]
                                  [-n auto] [--write-baseline PATH] [-- MORE PYTEST ARGS]
@@ -400,7 +400,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, metavar="DIR", help="where the reports, audits and logs go")
     ap.add_argument("--cores", default=",".join(DEFAULT_CORES), metavar="LIST",
-                    help=f"OpenBLAS core types, comma-separated; '{NATIVE}': unset (default: %(default)s)")
+                    help=f"core types (OPENBLAS_CORETYPE), comma-separated; '{NATIVE}': unset (default: %(default)s)")
     ap.add_argument("--op", action="append", default=[], metavar="OP[,OP]", help="passed to pytest")
     ap.add_argument("--dtype", action="append", default=[], metavar="DTYPE[,DTYPE]", help="passed to pytest")
     ap.add_argument("-n", dest="workers", default="auto", help="xdist workers of each run (default: %(default)s)")

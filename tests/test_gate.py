@@ -315,7 +315,8 @@ def test_worst_case_of_tied_errors_does_not_depend_on_the_order_records_arrive()
 def audit_doc(records, coretype=None, corename="SkylakeX", **meta):
     m = {"backend": "interpreter", "device": "Triton interpreter (CPU)", "profile": "ci", "versions": VERSIONS,
          "exitstatus": 0, "selection": {"filters": [], "stopped": False, "ran": sorted(map(list, ran_of(BASE)))},
-         "blas": {"coretype": coretype, "corename": corename, "library": "libscipy_openblas64_.so"}}
+         "blas": {"coretype": coretype, "corename": corename, "library": "libscipy_openblas64_.so",
+                  "torch_cpu_capability": "AVX2" if coretype else "AVX512"}}
     return {"meta": {**m, **meta}, "records": records}
 
 
@@ -338,9 +339,9 @@ def test_an_envelope_keeps_per_group_the_worst_cpus_row():
     # a tie (every other group is the same on all three CPUs) takes the first audit's records
     assert rows[("rmsnorm", "float32", PINNED, "auto", "normal", "y")] == bl.group_rows(BASE)[
         ("rmsnorm", "float32", PINNED, "auto", "normal", "y")]
-    assert meta[bl.ENVELOPE] == [{"coretype": None, "corename": "SkylakeX"},
-                                 {"coretype": "Haswell", "corename": "Haswell"},
-                                 {"coretype": "Prescott", "corename": "Katmai"}]
+    assert meta[bl.ENVELOPE] == [{"coretype": None, "corename": "SkylakeX", "torch_cpu_capability": "AVX512"},
+                                 {"coretype": "Haswell", "corename": "Haswell", "torch_cpu_capability": "AVX2"},
+                                 {"coretype": "Prescott", "corename": "Katmai", "torch_cpu_capability": "AVX2"}]
     assert (meta["backend"], meta["profile"], meta["exitstatus"]) == ("interpreter", "ci", 0)
 
 
