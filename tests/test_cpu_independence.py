@@ -45,6 +45,9 @@ def _failures(run) -> str:
     return "\n".join(f"  {test}:\n{text[-1500:]}" for test, text in sorted(failures.items())[:3]) or run.summary
 
 
+# One item, so the two subprocesses start once. Its (op, dtype, config) params are what the plugin
+# matches declared gaps on (config "cpu_blas": gpu-dot-not-numpy-blas); `op` lists the ops, so a run
+# filtered by --op or --dtype leaves the item out.
 @pytest.mark.parametrize("op,dtype,config", [pytest.param(",".join(OPS), None, "cpu_blas", id="cpu_blas")])
 def test_verdicts_do_not_depend_on_the_blas_kernels(op, dtype, config, backend, budgets, tmp_path):
     assert backend.name == "interpreter", ("the kernels' tl.dot goes through NumPy's BLAS on the interpreter only; "
