@@ -421,7 +421,8 @@ def main(argv=None) -> int:
         print(f"cpu_spread: {e}", file=sys.stderr)
         return EXIT_USAGE
     pytest_args = ([f"--op={o}" for o in args.op] + [f"--dtype={d}" for d in args.dtype]
-                   + [f"--tolerances={args.tolerances}"] + list(args.pytest_args))
+                   + ([f"--tolerances={args.tolerances}"] if args.tolerances != ap.get_default("tolerances") else [])
+                   + list(args.pytest_args))
 
     torch_dispatch = not args.openblas_only
     print(f"probing {len(cores)} core types")
