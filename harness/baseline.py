@@ -32,6 +32,12 @@ Groups the run did not select are not compared (and counted). New groups, groups
 by more than the growth factor, and version differences are reported, not failed. When the
 Hypothesis version differs from the baseline's, derandomized draws may differ: the random
 groups are then judged for failures only.
+
+An *envelope* baseline is written from several audits of one run on different CPUs (one per
+OpenBLAS core type, harness/cpu_spread.py): per group, the worst of them. A run on any of those
+CPUs then cannot trip the gate by its rounding order alone; a real regression (more than
+`baseline_growth` over the worst CPU) still does. Its meta lists the core types it covers; a run
+on one CPU does not rewrite it (--update-baseline refuses, the spread tool rewrites it).
 """
 from __future__ import annotations
 
@@ -49,6 +55,8 @@ EXIT_REGRESSION = 6            # pytest uses 0-5; see README "Baselines"
 KEY = ("op", "dtype", "test", "config", "values", "output")
 BUDGET_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor")
 FAILING = ("grew", "fails", "vanished", "budget")
+ENVELOPE = "cpu_envelope"      # meta key of an envelope baseline: the BLAS core types it covers
+SAME = ("backend", "device", "profile", "versions")     # what the audits of one envelope share
 
 
 class BaselineError(ValueError):
@@ -161,11 +169,13 @@ def refusal(meta: dict, backend_key: str, profile: str, path) -> str | None:
             f"--baseline out, or write one with a passing, unfiltered run: --baseline NEW_PATH --update-baseline")
 
 
-def load_for_gate(path, backend_key: str, profile: str, *, update: bool, filtered: bool) -> Baseline | None:
+def load_for_gate(path, backend_key: str, profile: str, *, update: bool, filtered: bool,
+                  envelope: bool = False) -> Baseline | None:
     """The baseline a gate compares with, checked before anything runs. None when there is
     nothing to compare with but --update-baseline will write the file (missing; or unreadable,
     or of another backend or profile, and an unfiltered update replaces it whole). Raises
-    BaselineError (a usage error, exit 4) when it cannot be compared."""
+    BaselineError (a usage error, exit 4) when it cannot be compared, or when an update of one
+    run (not `envelope`, the spread tool's) would narrow an envelope baseline to one CPU."""
     try:
         base = load(path)
     except FileNotFoundError:
@@ -177,6 +187,11 @@ def load_for_gate(path, backend_key: str, profile: str, *, update: bool, filtere
             return None
         raise
     why = refusal(base.meta, backend_key, profile, path)
+    if why is None and update and base.meta.get(ENVELOPE) and not envelope:
+        raise BaselineError(f"--update-baseline {path}: the baseline is the worst of {len(base.meta[ENVELOPE])} BLAS "
+                            "core types (meta.cpu_envelope); a run on one CPU would narrow it to that CPU's errors. "
+                            f"Rewrite it with: kernelcheck-cpu-spread --out DIR --write-baseline {path} (the same "
+                            "--op/--dtype filters work), or delete it first to write one of this CPU")
     if why is None:
         return base
     if update and not filtered:
@@ -394,6 +409,9 @@ def gate(base: Baseline | None, path, records: list, ran: set, *, filters: list,
         if not complete:
             why = ", ".join(list(filters) + (["stopped early"] if stopped else []))
             rep.notes.append(f"this run is filtered ({why}): only the groups it selected are compared")
+        if base.meta.get(ENVELOPE):
+            rep.notes.append("the baseline is the worst of the BLAS core types "
+                             + ", ".join(core_label(c) for c in base.meta[ENVELOPE]))
         lines = format_report(rep, path, update_command)
         if rep.failing and exitstatus == 0 and not update:
             exitstatus = EXIT_REGRESSION
@@ -423,15 +441,95 @@ def from_audit(audit_path, out_path) -> int:
     return len(rows)
 
 
+def budget_keys() -> tuple:
+    """The budget's fields in an audit record (Budget.as_record), whichever they are."""
+    from harness.budgets import Budget
+    return tuple(Budget(atol=0.0, rtol=0.0, reason="", table="").as_record())
+
+
+def core_label(core: dict) -> str:
+    """"Prescott (Katmai)": the OPENBLAS_CORETYPE a run forced ("native": none) and the core
+    OpenBLAS reported."""
+    return f"{core.get('coretype') or 'native'} ({core.get('corename') or 'unknown'})"
+
+
+def envelope(docs: list[dict], names: list[str] | None = None) -> tuple[list, dict]:
+    """The records of an envelope baseline from several audits of the same run on different CPUs
+    (harness/cpu_spread.py: one per BLAS core type): per case group, the records of the audit
+    whose worst error/allowed is the largest (the first such audit on a tie), so the group's row
+    is that audit's (usage, worst case, max abs error). Returns (records, meta); meta as an
+    audit's, with ENVELOPE: each audit's kernels (from its meta.blas).
+
+    Raises BaselineError when the audits are not one run on several CPUs: they differ in backend,
+    device, profile or versions, in what they selected, in their case groups, or in a group's
+    budget (every budget field of the records, whichever Budget.as_record writes)."""
+    names = names or [f"audit {i}" for i in range(len(docs))]
+    first = docs[0]["meta"]
+    for name, doc in zip(names[1:], docs[1:]):
+        for key in (*SAME, "selection"):
+            if doc["meta"].get(key) != first.get(key):
+                raise BaselineError(f"audits differ in {key}: {first.get(key)!r} ({names[0]}) vs "
+                                    f"{doc['meta'].get(key)!r} ({name}); an envelope takes the same run on other CPUs")
+    keys = budget_keys()
+    worst = []                  # per audit: group key -> (usage, budget)
+    for doc in docs:
+        groups: dict = {}
+        for r in doc["records"]:
+            if not r.get("gap"):
+                usage, budget = groups.get(group_key(r), (-math.inf, None))
+                groups[group_key(r)] = (max(usage, audit.num(r["usage"])), tuple(r.get(k) for k in keys))
+        worst.append(groups)
+    for name, groups in zip(names[1:], worst[1:]):
+        if set(groups) != set(worst[0]):
+            diff = sorted(set(groups) ^ set(worst[0]), key=_sortable)
+            raise BaselineError(f"{names[0]} and {name} checked different case groups ({len(diff)}, e.g. "
+                                f"{describe_group(diff[0])} of {diff[0][0]} {diff[0][1]}): not the same run")
+        for key, (_, budget) in groups.items():
+            if budget != worst[0][key][1]:
+                raise BaselineError(f"{key[0]} {key[1]} {describe_group(key)}: budget {dict(zip(keys, budget))} in "
+                                    f"{name}, {dict(zip(keys, worst[0][key][1]))} in {names[0]}: errors/allowed under "
+                                    "different budgets do not compare")
+    # The audit each group's records come from: the largest usage, the first audit on a tie.
+    pick = {key: max(range(len(docs)), key=lambda i: (worst[i][key][0], -i)) for key in worst[0]}
+    records = [r for r in docs[0]["records"] if r.get("gap")]      # declared gaps: the same in every run
+    for i, doc in enumerate(docs):
+        records += [r for r in doc["records"] if not r.get("gap") and pick[group_key(r)] == i]
+    meta = {key: first.get(key) for key in SAME}
+    meta["exitstatus"] = max(int(d["meta"].get("exitstatus") or 0) for d in docs)
+    if "selection" in first:
+        meta["selection"] = first["selection"]
+    # Each audit's kernels (meta.blas): OpenBLAS's core type as forced and as run, torch's dispatch.
+    meta[ENVELOPE] = [{"coretype": blas.get("coretype") or None, "corename": blas.get("corename"),
+                       **{k: blas[k] for k in ("mkl_instructions", "torch_cpu_capability") if k in blas}}
+                      for blas in (d["meta"].get("blas") or {} for d in docs)]
+    return records, meta
+
+
+def from_audits(audit_paths: list, out_path) -> int:
+    """Write a baseline from the audit JSON of a passing, unfiltered run (from_audit), or the
+    envelope of several such audits of that run on different CPUs (envelope)."""
+    if len(audit_paths) == 1:
+        return from_audit(audit_paths[0], out_path)
+    records, meta = envelope([audit.load_json(p) for p in audit_paths], [str(p) for p in audit_paths])
+    if meta["exitstatus"] != 0:
+        raise BaselineError(f"a run exited {meta['exitstatus']}; a baseline needs passing runs")
+    rows = group_rows(records)
+    write(out_path, {**make_meta(meta["backend"], meta["device"], meta["profile"], meta["versions"]),
+                     ENVELOPE: meta[ENVELOPE]}, rows)
+    return len(rows)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.baseline",
                                      description="Write a baseline from an audit JSON (the plugin's "
-                                                 "--update-baseline does the same from a live run).")
-    parser.add_argument("audit", help="an audit JSON written by --audit-json")
+                                                 "--update-baseline does the same from a live run), or from several "
+                                                 "audits of that run on other CPUs: the worst of them per case group "
+                                                 "(an envelope; kernelcheck-cpu-spread --write-baseline runs them).")
+    parser.add_argument("audits", nargs="+", metavar="AUDIT", help="audit JSON(s) written by --audit-json")
     parser.add_argument("out", help="the baseline to write")
     args = parser.parse_args(argv)
     try:
-        n = from_audit(args.audit, args.out)
+        n = from_audits(args.audits, args.out)
     except BaselineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

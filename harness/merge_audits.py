@@ -83,7 +83,7 @@ def merge(docs: list[dict], names: list[str] | None = None) -> tuple[list, dict]
     for d in docs:
         part = {"args": audit.meta_value(d["meta"], "args"), "exitstatus": d["meta"].get("exitstatus"),
                 "written": audit.meta_value(d["meta"], "written")}
-        part.update({k: d["meta"][k] for k in ("shard", "gpus", "supplies_ops") if k in d["meta"]})
+        part.update({k: d["meta"][k] for k in ("shard", "gpus", "supplies_ops", "blas") if k in d["meta"]})
         meta["parts"].append(part)
     meta["exitstatus"] = max(int(d["meta"].get("exitstatus") or 0) for d in docs)
     hits = sum((Counter(d["meta"].get("gap_hits") or {}) for d in docs), Counter())

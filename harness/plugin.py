@@ -20,7 +20,8 @@ import hypothesis
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from harness import (audit, backend as backends, baseline as baselines, budgets as budget_file, gaps, gpus, phases,
+from harness import (audit, backend as backends, baseline as baselines, blas, budgets as budget_file, gaps, gpus,
+                     phases,
                      registry, shards, strategies)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -623,7 +624,9 @@ class Recorder:
                     # what the run selected, so that a merge of partial runs can gate them as one
                     "selection": {"filters": s.filters, "stopped": stopped,
                                   "ran": sorted((list(t) for t in s.ran), key=lambda t: tuple(map(str, t)))},
-                    "notes": [{"test": t, "note": n} for t, n in sorted(s.notes)]}
+                    "notes": [{"test": t, "note": n} for t, n in sorted(s.notes)],
+                    # NumPy's BLAS kernels: the interpreter's tl.dot, whose rounding depends on them
+                    "blas": blas.info()}
             if s.shard:
                 meta["shard"] = s.shard_info
             if s.gpu_plan:

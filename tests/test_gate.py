@@ -309,3 +309,123 @@ def test_worst_case_of_tied_errors_does_not_depend_on_the_order_records_arrive()
     records = [rec(usage=0.3, case="b"), rec(usage=0.3, case="a"), rec(usage=0.1, case="c")]
     one, other = bl.group_rows(records), bl.group_rows(records[::-1])
     assert one == other and one[("rmsnorm", "float32", PINNED, "auto", "normal", "y")]["worst_case"] == "a"
+
+
+# --- envelope baselines: several audits of one run on different CPUs (BLAS core types) --------
+
+def audit_doc(records, coretype=None, corename="SkylakeX", **meta):
+    m = {"backend": "interpreter", "device": "Triton interpreter (CPU)", "profile": "ci", "versions": VERSIONS,
+         "exitstatus": 0, "selection": {"filters": [], "stopped": False, "ran": sorted(map(list, ran_of(BASE)))},
+         "blas": {"coretype": coretype, "corename": corename, "library": "libscipy_openblas64_.so",
+                  "torch_cpu_capability": "AVX2" if coretype else "AVX512"}}
+    return {"meta": {**m, **meta}, "records": records}
+
+
+def scaled(factor, records=BASE, **where):
+    """The records, with the usage of those matching `where` scaled (another CPU's rounding)."""
+    return [dict(r, usage=r["usage"] * factor, case=r["case"] + f"-x{factor}")
+            if all(r[k] == v for k, v in where.items()) else r for r in records]
+
+
+def test_an_envelope_keeps_per_group_the_worst_cpus_row():
+    docs = [audit_doc(BASE), audit_doc(scaled(1.5, values="tiny"), "Haswell", "Haswell"),
+            audit_doc(scaled(2.0, scaled(0.5, values="tiny"), dtype="float16"), "Prescott", "Katmai")]
+    records, meta = bl.envelope(docs, ["native.json", "haswell.json", "prescott.json"])
+    rows = bl.group_rows(records)
+    assert set(rows) == set(bl.group_rows(BASE))
+    tiny = rows[("rmsnorm", "float32", PINNED, "auto", "tiny", "y")]
+    assert (tiny["usage"], tiny["worst_case"]) == (0.45, "rmsnorm-float32-auto-tiny-0.3-x1.5")   # Haswell's
+    half = rows[("rmsnorm", "float16", PINNED, "auto", "normal", "y")]
+    assert (half["usage"], half["worst_case"]) == (0.9, "rmsnorm-float16-auto-normal-0.45-x2.0")  # Prescott's
+    # a tie (every other group is the same on all three CPUs) takes the first audit's records
+    assert rows[("rmsnorm", "float32", PINNED, "auto", "normal", "y")] == bl.group_rows(BASE)[
+        ("rmsnorm", "float32", PINNED, "auto", "normal", "y")]
+    assert meta[bl.ENVELOPE] == [{"coretype": None, "corename": "SkylakeX", "torch_cpu_capability": "AVX512"},
+                                 {"coretype": "Haswell", "corename": "Haswell", "torch_cpu_capability": "AVX2"},
+                                 {"coretype": "Prescott", "corename": "Katmai", "torch_cpu_capability": "AVX2"}]
+    assert (meta["backend"], meta["profile"], meta["exitstatus"]) == ("interpreter", "ci", 0)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"backend": "gpu:NVIDIA H200"}, "audits differ in backend"),
+    ({"profile": "gpu"}, "audits differ in profile"),
+    ({"versions": dict(VERSIONS, numpy="2.5.0")}, "audits differ in versions"),
+    ({"selection": {"filters": ["--op"], "stopped": False, "ran": []}}, "audits differ in selection"),
+])
+def test_an_envelope_refuses_audits_of_another_backend_profile_version_or_selection(change, message):
+    with pytest.raises(bl.BaselineError, match=message):
+        bl.envelope([audit_doc(BASE), audit_doc(BASE, "Haswell", "Haswell", **change)], ["a.json", "b.json"])
+
+
+def test_an_envelope_refuses_other_budgets_and_other_case_groups():
+    other_budget = [dict(r, rtol=2e-6) if r["dtype"] == "float32" and r["values"] == "tiny" else r for r in BASE]
+    with pytest.raises(bl.BaselineError, match=r"rmsnorm float32 pinned auto/tiny y: budget .*'rtol': 2e-06.* "
+                                               r"in b.json, .*'rtol': 1e-06.* in a.json"):
+        bl.envelope([audit_doc(BASE), audit_doc(other_budget, "Haswell", "Haswell")], ["a.json", "b.json"])
+    # a budget field that only some records carry (a newer Budget.as_record) is compared too
+    extra = [dict(r, score_rtol=1e-5) for r in BASE]
+    if "score_rtol" in bl.budget_keys():
+        with pytest.raises(bl.BaselineError, match="budget"):
+            bl.envelope([audit_doc(BASE), audit_doc(extra, "Haswell", "Haswell")], ["a.json", "b.json"])
+    fewer = [r for r in BASE if r["values"] != "tiny"]
+    with pytest.raises(bl.BaselineError, match="a.json and b.json checked different case groups"):
+        bl.envelope([audit_doc(BASE), audit_doc(fewer, "Haswell", "Haswell")], ["a.json", "b.json"])
+
+
+def test_budget_keys_are_every_budget_field_of_a_record():
+    from harness.budgets import Budget
+    b = Budget(atol=1e-7, rtol=1e-3, reason="r", table="opa.float16", ref_ratio=2.0, ref_floor=1e-4)
+    assert set(bl.budget_keys()) == set(b.as_record()) >= {*bl.BUDGET_KEYS, "budget_table"}
+
+
+def test_an_envelope_baseline_file_is_a_baseline_and_one_run_does_not_narrow_it(tmp_path):
+    paths = []
+    for i, doc in enumerate([audit_doc(BASE), audit_doc(scaled(1.5, values="tiny"), "Haswell", "Haswell")]):
+        paths.append(tmp_path / f"audit{i}.json")
+        paths[-1].write_text(json.dumps(doc))
+    out = tmp_path / "envelope.json"
+    assert bl.from_audits(paths, out) == 6
+    text = out.read_text()
+    assert len(text.splitlines()) == 6 + 4 and json.loads(text)["format"] == bl.FORMAT     # one group a line
+    base = bl.load(out)
+    assert [c["corename"] for c in base.meta[bl.ENVELOPE]] == ["SkylakeX", "Haswell"]
+    assert base.rows[("rmsnorm", "float32", PINNED, "auto", "tiny", "y")]["usage"] == 0.45
+    # from one audit: exactly the plain baseline
+    assert bl.from_audits(paths[:1], tmp_path / "one.json") == 6
+    assert bl.ENVELOPE not in bl.load(tmp_path / "one.json").meta
+    # the CLI takes several audits
+    assert bl.main([str(p) for p in paths] + [str(tmp_path / "cli.json")]) == 0
+    assert (tmp_path / "cli.json").read_text() == text
+    # a failed run is refused
+    paths[1].write_text(json.dumps(audit_doc(BASE, "Haswell", "Haswell", exitstatus=1)))
+    with pytest.raises(bl.BaselineError, match="exited 1"):
+        bl.from_audits(paths, tmp_path / "failed.json")
+    # --update-baseline of one run refuses to narrow the envelope (before the run: exit 4); the
+    # spread tool (envelope=True) rewrites it
+    with pytest.raises(bl.BaselineError, match="worst of 2 BLAS core types.*kernelcheck-cpu-spread"):
+        bl.load_for_gate(out, "interpreter", "ci", update=True, filtered=False)
+    assert bl.load_for_gate(out, "interpreter", "ci", update=True, filtered=False, envelope=True).rows == base.rows
+    assert bl.load_for_gate(out, "interpreter", "ci", update=False, filtered=False).rows == base.rows
+
+
+def test_the_gate_against_an_envelope_passes_every_cpu_and_fails_a_regression_over_the_worst():
+    native, haswell = BASE, scaled(3.0, output="u")                    # 0.05 -> 0.15: beyond x2 between CPUs
+    records, meta = bl.envelope([audit_doc(native), audit_doc(haswell, "Haswell", "Haswell")])
+    run_meta = bl.make_meta("interpreter", "Triton interpreter (CPU)", "ci", VERSIONS)
+    envelope = Baseline({**run_meta, bl.ENVELOPE: meta[bl.ENVELOPE]}, bl.group_rows(records))
+    one_cpu = Baseline(run_meta, bl.group_rows(native))
+
+    def findings(base, run):
+        return kinds(bl.compare(base, bl.group_rows(run), growth=lambda op: 2.0, floor=0.01,
+                                selected=lambda row: bl.covered(row, ran_of(run)), complete=True,
+                                run_versions=VERSIONS))
+    assert findings(one_cpu, haswell) == [("grew", "rmsnorm", "float32", "pinned auto/normal u")]   # the CI failure
+    assert findings(envelope, haswell) == []
+    assert findings(envelope, native) == [("improved", "rmsnorm", "float32", "pinned auto/normal u")]   # a note
+    # x2.1 over the worst CPU (0.15 -> 0.315) still fails the gate
+    lines, status = bl.gate(envelope, "b.json", scaled(2.1, haswell, output="u"), ran_of(BASE), filters=[],
+                            stopped=False, exitstatus=0, growth=lambda op: 2.0, floor=0.01, meta=run_meta,
+                            update=False, update_command="U")
+    text = "\n".join(lines)
+    assert status == EXIT_REGRESSION and "GREW" in text and "x2.1, limit x2" in text, text
+    assert "the baseline is the worst of the BLAS core types native (SkylakeX), Haswell (Haswell)" in text

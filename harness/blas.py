@@ -1,0 +1,66 @@
+"""Which BLAS kernels NumPy runs in this process.
+
+On the interpreter, `tl.dot` is NumPy's matmul: OpenBLAS in NumPy's wheels (scipy-openblas, built
+with DYNAMIC_ARCH), which picks its sgemm kernels by CPU when NumPy is imported. The kernels of
+different CPUs sum in different orders, so a kernel's rounding, hence its error, depends on the CPU.
+`OPENBLAS_CORETYPE=Haswell` (in the environment before NumPy is imported) forces one core type, so
+one machine can run another CPU's kernels; `info()` reads back the one in use.
+
+torch's CPU kernels (the PyTorch references, oracles computed with torch) dispatch on the CPU
+too: MKL's BLAS by instruction set (`MKL_ENABLE_INSTRUCTIONS` caps it) and ATen's vectorized
+loops by capability (`ATEN_CPU_CAPABILITY`); `info()` records both as well.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+ENV = "OPENBLAS_CORETYPE"
+MKL_ENV = "MKL_ENABLE_INSTRUCTIONS"
+ATEN_ENV = "ATEN_CPU_CAPABILITY"
+
+# OpenBLAS exports openblas_get_corename; scipy-openblas renames its symbols with a prefix and a
+# suffix (scipy_openblas_get_corename64_). The same names threadpoolctl tries.
+_SYMBOLS = [f"{prefix}openblas_get_corename{suffix}" for prefix in ("", "scipy_") for suffix in ("", "64_", "_64")]
+
+
+def _loaded_libraries() -> list[str]:
+    """Paths of the shared libraries with "openblas" in their name mapped into this process
+    (Linux: /proc/self/maps; elsewhere the libraries NumPy's wheel bundles)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[-1].strip() for line in f if "openblas" in line.lower()}
+        return sorted(p for p in paths if p.startswith("/"))
+    except OSError:
+        import numpy
+        root = Path(numpy.__file__).parent
+        return sorted(str(p) for d in (root.parent / "numpy.libs", root / ".libs", root / ".dylibs") if d.is_dir()
+                      for p in d.iterdir() if "openblas" in p.name.lower())
+
+
+def info() -> dict:
+    """{"coretype": OPENBLAS_CORETYPE as set (None: unset), "corename": the core type OpenBLAS
+    runs (None when NumPy's BLAS is not an OpenBLAS that says), "library": its file name,
+    "mkl_instructions": MKL_ENABLE_INSTRUCTIONS as set, "torch_cpu_capability": ATen's, as in
+    use}. Imports NumPy (which loads its BLAS) and torch; never raises."""
+    out = {"coretype": os.environ.get(ENV), "corename": None, "library": None,
+           "mkl_instructions": os.environ.get(MKL_ENV), "torch_cpu_capability": None}
+    try:
+        import torch
+        out["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except Exception:
+        pass
+    try:
+        import numpy  # noqa: F401  (loads the BLAS)
+        for path in _loaded_libraries():
+            lib = ctypes.CDLL(path)
+            for name in _SYMBOLS:
+                fn = getattr(lib, name, None)
+                if fn is not None:
+                    fn.restype = ctypes.c_char_p
+                    out.update(corename=fn().decode(), library=Path(path).name)
+                    return out
+    except Exception:           # a BLAS we cannot ask (Accelerate, MKL, no /proc...): corename None
+        pass
+    return out
