@@ -53,7 +53,8 @@ from harness import audit
 FORMAT = 1
 EXIT_REGRESSION = 6            # pytest uses 0-5; see README "Baselines"
 KEY = ("op", "dtype", "test", "config", "values", "output")
-BUDGET_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor")
+BUDGET_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor", "score_rtol")
+OPTIONAL_BUDGET_KEYS = {"score_rtol": 0.0}    # absent from rows written before it existed: this value
 FAILING = ("grew", "fails", "vanished", "budget")
 ENVELOPE = "cpu_envelope"      # meta key of an envelope baseline: the BLAS core types it covers
 SAME = ("backend", "device", "profile", "versions")     # what the audits of one envelope share
@@ -152,7 +153,8 @@ def load(path) -> Baseline:
         raise BaselineError(f"{path}: expected 'meta' (with backend and profile) and a list of 'groups'")
     rows = {}
     for i, row in enumerate(groups):
-        missing = [k for k in (*KEY, "usage", "failures", *BUDGET_KEYS) if not isinstance(row, dict) or k not in row]
+        missing = [k for k in (*KEY, "usage", "failures", *BUDGET_KEYS)
+                   if (not isinstance(row, dict) or k not in row) and k not in OPTIONAL_BUDGET_KEYS]
         if missing:
             raise BaselineError(f"{path}: group {i}: missing {', '.join(missing)}")
         rows[tuple(row[k] for k in KEY)] = row
@@ -254,11 +256,16 @@ def describe_group(key_or_row) -> str:
 
 
 def _budget(row: dict) -> tuple:
-    return tuple(audit.num(row.get(k)) if row.get(k) is not None else None for k in BUDGET_KEYS)
+    def value(k):
+        v = row.get(k, OPTIONAL_BUDGET_KEYS.get(k))
+        return audit.num(v) if v is not None else None
+    return tuple(value(k) for k in BUDGET_KEYS)
 
 
 def _budget_text(row: dict) -> str:
     s = f"atol {audit.num(row['atol']):g}, rtol {audit.num(row['rtol']):g}"
+    if row.get("score_rtol"):
+        s += f", score_rtol {audit.num(row['score_rtol']):g}"
     if row.get("ref_ratio") is not None:
         s += f", ref_ratio {audit.num(row['ref_ratio']):g} (+{audit.num(row['ref_floor']):g})"
     return s
