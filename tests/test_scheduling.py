@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_random_params_in_parts():
     one = random_params(["rmsnorm"])
-    four = random_params(["rmsnorm"], parts=4)
+    four = random_params(["rmsnorm"], parts=4)          # (any count: the gpu profile's is RANDOM_PARTS)
     assert len(four) == 4 * len(one)
     assert [p.id for p in one][:1] == ["rmsnorm-float32-auto"]
     assert [p.id for p in four][:4] == [f"rmsnorm-float32-auto-part{i}of4" for i in (1, 2, 3, 4)]
@@ -37,7 +37,7 @@ def test_long_tests_are_spread_through_the_order():
 
 def test_gpu_profile_parts_draw_different_cases_and_xdist_steals_work(tmp_path):
     """Under the gpu profile (here on whatever backend this is) one op, dtype and config runs as
-    4 tests of 15 examples, each part mostly other cases; -n without --dist schedules by work stealing."""
+    6 tests of 10 examples, each part mostly other cases; -n without --dist schedules by work stealing."""
     audit = tmp_path / "a.json"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-n", "2", "tests/test_ops.py",
            "--op", "embedding", "--dtype", "float32", "-k", "test_random and auto", "--hypothesis-profile", "gpu",
@@ -49,7 +49,7 @@ def test_gpu_profile_parts_draw_different_cases_and_xdist_steals_work(tmp_path):
     by_part = {}
     for r in records:
         by_part.setdefault(r["test"].split("part")[-1], set()).add(r["case"])
-    assert len(by_part) == 4 and all(len(cases) > 1 for cases in by_part.values()), by_part
+    assert len(by_part) == plugin.RANDOM_PARTS["gpu"] and all(len(cases) > 1 for cases in by_part.values()), by_part
     # Each part starts from Hypothesis's simplest examples, which the parts share; the rest differ.
     total = sum(len(cases) for cases in by_part.values())
     assert len(set().union(*by_part.values())) >= 0.8 * total, by_part

@@ -98,7 +98,9 @@ def test_ci_profile_runs_are_reproducible(tmp_path):
         summary = out.split("kernelcheck phases: where the workers' time went")[1].split("\n")[1:]
         assert summary[0].startswith(f"{2 if workers == '2' else 1} worker(s), wall "), out
         assert summary[1].split()[:3] == [str(volatiles[-1]["phases"]["checks"]), "checks", "inputs"], out
-        assert "triton compile: 0 compilation(s), 0 load(s), 0.0 s" in out and "top ops by test time: softmax" in out
+        assert "top ops by test time: softmax" in out
+        interpreted = doc["meta"]["backend"] == "interpreter"
+        assert ("triton compile: 0 compilation(s), 0 load(s), 0.0 s" in out) == interpreted, out
         texts.append(json.dumps(doc, indent=1, sort_keys=True))
     assert texts[0] == texts[1]
     assert set(volatiles[0]["workers"].values()) == {"gw0", "gw1"}
