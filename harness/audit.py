@@ -136,8 +136,8 @@ def junit_properties(item: list | None, records: list, gap: str | None = None) -
         w = max(recs, key=lambda r: num(r["usage"]))
         usage = num(w["usage"])
         budget = f"atol {num(w['atol']):g}, rtol {num(w['rtol']):g}"
-        if w.get("score_rtol"):
-            budget += f", score_rtol {num(w['score_rtol']):g}"
+        if w.get("bound_rtol"):
+            budget += f", bound_rtol {num(w['bound_rtol']):g}"
         if w.get("ref_ratio") is not None:
             budget += f", ref_ratio {num(w['ref_ratio']):g} (+{num(w['ref_floor']):g})"
         props += [(f"{output}.shape", "x".join(str(d) for d in w["shape"]) or "scalar"),

@@ -53,8 +53,8 @@ from harness import audit
 FORMAT = 1
 EXIT_REGRESSION = 6            # pytest uses 0-5; see README "Baselines"
 KEY = ("op", "dtype", "test", "config", "values", "output")
-BUDGET_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor", "score_rtol")
-OPTIONAL_BUDGET_KEYS = {"score_rtol": 0.0}    # absent from rows written before it existed: this value
+BUDGET_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor", "bound_rtol")
+OPTIONAL_BUDGET_KEYS = {"bound_rtol": 0.0}    # absent from rows written before it existed: this value
 FAILING = ("grew", "fails", "vanished", "budget")
 ENVELOPE = "cpu_envelope"      # meta key of an envelope baseline: the BLAS core types it covers
 SAME = ("backend", "device", "profile", "versions")     # what the audits of one envelope share
@@ -264,8 +264,8 @@ def _budget(row: dict) -> tuple:
 
 def _budget_text(row: dict) -> str:
     s = f"atol {audit.num(row['atol']):g}, rtol {audit.num(row['rtol']):g}"
-    if row.get("score_rtol"):
-        s += f", score_rtol {audit.num(row['score_rtol']):g}"
+    if row.get("bound_rtol"):
+        s += f", bound_rtol {audit.num(row['bound_rtol']):g}"
     if row.get("ref_ratio") is not None:
         s += f", ref_ratio {audit.num(row['ref_ratio']):g} (+{audit.num(row['ref_floor']):g})"
     return s

@@ -49,7 +49,7 @@ def round_up(x: float, digits: int = 2) -> float:
 
 
 def derive(atol: float, rtol: float, ref_ratio, ref_floor, usage: float, dtype: str, margin: float,
-           score_rtol: float = 0.0) -> dict | None:
+           bound_rtol: float = 0.0) -> dict | None:
     """The budget that every recorded check meets with `margin` headroom; None after a failure."""
     if not math.isfinite(usage):
         return None
@@ -59,7 +59,7 @@ def derive(atol: float, rtol: float, ref_ratio, ref_floor, usage: float, dtype: 
     return {"atol": round_up(atol * s), "rtol": units * u, "rtol_units": units,
             "ref_ratio": None if ref_ratio is None else round_up(ref_ratio * s),
             "ref_floor": None if ref_ratio is None else round_up((ref_floor or 0.0) * s),
-            "score_rtol": round_up(score_rtol * s)}
+            "bound_rtol": round_up(bound_rtol * s)}
 
 
 def rows(records: list, margin: float = DEFAULT_MARGIN) -> list:
@@ -74,7 +74,7 @@ def rows(records: list, margin: float = DEFAULT_MARGIN) -> list:
         atol, rtol = audit.num(w["atol"]), audit.num(w["rtol"])
         ratio = None if w.get("ref_ratio") is None else audit.num(w["ref_ratio"])
         floor = audit.num(w.get("ref_floor")) if ratio is not None else None
-        score_rtol = audit.num(w.get("score_rtol") or 0.0)
+        bound_rtol = audit.num(w.get("bound_rtol") or 0.0)
         failures = sum(not r["passed"] for r in recs)
         headroom = math.inf if usage == 0 else 1.0 / usage
         exact = not (atol or rtol or ratio)
@@ -88,10 +88,10 @@ def rows(records: list, margin: float = DEFAULT_MARGIN) -> list:
             flag = ""
         out.append({"op": op, "dtype": dtype, "checks": len(recs), "failures": failures,
                     "atol": atol, "rtol": rtol, "u": unit_roundoff(dtype), "ref_ratio": ratio, "ref_floor": floor,
-                    "score_rtol": score_rtol, "table": w.get("budget_table"), "usage": usage, "headroom": headroom,
+                    "bound_rtol": bound_rtol, "table": w.get("budget_table"), "usage": usage, "headroom": headroom,
                     "max_abs_err": max(audit.num(r["max_abs_err"]) for r in recs),
                     "max_rel_err": max(audit.num(r["max_rel_err"]) for r in recs),
-                    "derived": derive(atol, rtol, ratio, floor, usage, dtype, margin, score_rtol),
+                    "derived": derive(atol, rtol, ratio, floor, usage, dtype, margin, bound_rtol),
                     "flag": flag, "worst_case": w["case"]})
     return out
 
@@ -117,8 +117,8 @@ def _units(v: float, u: float) -> str:
 
 
 def table(rs: list) -> tuple:
-    head = ["op", "dtype", "checks", "atol", "rtol", "rtol/u", "score_rtol", "ratio", "worst err/allowed", "headroom",
-            "max abs err", "max rel err", "derived atol", "derived rtol", "derived score_rtol", "derived ratio", "flag"]
+    head = ["op", "dtype", "checks", "atol", "rtol", "rtol/u", "bound_rtol", "ratio", "worst err/allowed", "headroom",
+            "max abs err", "max rel err", "derived atol", "derived rtol", "derived bound_rtol", "derived ratio", "flag"]
     body = []
     for r in rs:
         d = r["derived"]
@@ -126,11 +126,11 @@ def table(rs: list) -> tuple:
         if d is None:
             da = dr = ds = dratio = "-"
         else:
-            ds = _g(d["score_rtol"], "g") if r["score_rtol"] else "-"
+            ds = _g(d["bound_rtol"], "g") if r["bound_rtol"] else "-"
             da, dr = _g(d["atol"], "g"), f"{d['rtol']:.3g} ({d['rtol_units']}u)" if d["rtol"] else "0"
             dratio = "-" if d["ref_ratio"] is None else f"{d['ref_ratio']:g} (+{d['ref_floor']:g})"
         body.append([r["op"], r["dtype"], str(r["checks"]), f"{r['atol']:g}", f"{r['rtol']:g}",
-                     _units(r["rtol"], r["u"]), f"{r['score_rtol']:g}" if r["score_rtol"] else "-", ratio,
+                     _units(r["rtol"], r["u"]), f"{r['bound_rtol']:g}" if r["bound_rtol"] else "-", ratio,
                      _g(r["usage"]), _g(r["headroom"]), _g(r["max_abs_err"]), _g(r["max_rel_err"]), da, dr, ds, dratio,
                      r["flag"]])
     return head, body

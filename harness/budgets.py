@@ -7,7 +7,7 @@ Layout of the file:
     rtol = 1e-3
     ref_ratio = 2.0                # optional: max|y - o| <= ref_ratio * max|r - o| + ref_floor
     ref_floor = 1e-4               # required with ref_ratio
-    score_rtol = 1e-5              # optional: + score_rtol * M, M a rounding bound the op computes
+    bound_rtol = 1e-5              # optional: + bound_rtol * M, M a rounding bound the op computes
     reason = "why these numbers (measured how)"
 
     [rmsnorm.bfloat16.interpreter] # optional override for one backend ("interpreter" or "gpu")
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from harness import registry
 
-NUMBER_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor", "score_rtol")
+NUMBER_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor", "bound_rtol")
 BACKEND_TABLES = ("interpreter", "gpu")
 GATE_KEYS = ("baseline_growth", "baseline_floor")   # top-level settings of the regression gate
 OP_KEYS = ("baseline_growth",)                       # keys an [op] table may hold beside its dtypes
@@ -62,7 +62,7 @@ class Budget:
     table: str                     # e.g. "rmsnorm.float16" or "rmsnorm.bfloat16.interpreter"
     ref_ratio: float | None = None
     ref_floor: float = 0.0
-    score_rtol: float = 0.0        # relative to the op's score magnitude (attention: Op.error_scale)
+    bound_rtol: float = 0.0        # relative to a rounding bound the op computes (Op.error_scale, Magnitudes.bound)
     sqnr_db: tuple = ()            # ((fp8 format, floor in dB), ...)
     sqnr_reason: str = ""
 
@@ -74,15 +74,15 @@ class Budget:
 
     def describe(self) -> str:
         s = f"atol {self.atol:g}, rtol {self.rtol:g}"
-        if self.score_rtol:
-            s += f", score_rtol {self.score_rtol:g}"
+        if self.bound_rtol:
+            s += f", bound_rtol {self.bound_rtol:g}"
         if self.ref_ratio is not None:
             s += f", ref_ratio {self.ref_ratio:g} (+{self.ref_floor:g})"
         return s
 
     def as_record(self) -> dict:
         return {"atol": self.atol, "rtol": self.rtol, "ref_ratio": self.ref_ratio,
-                "ref_floor": self.ref_floor, "score_rtol": self.score_rtol, "budget_table": self.table}
+                "ref_floor": self.ref_floor, "bound_rtol": self.bound_rtol, "budget_table": self.table}
 
 
 def _number(path, table, key, value) -> float:
@@ -135,7 +135,7 @@ def _budget(path, table, fields: dict, sqnr=((), "")) -> Budget:
         raise BudgetError(f"{path}: [{table}] keys 'ref_ratio' and 'ref_floor': give both or neither")
     return Budget(atol=fields["atol"], rtol=fields["rtol"], reason=fields["reason"], table=table,
                   ref_ratio=fields.get("ref_ratio"), ref_floor=fields.get("ref_floor", 0.0),
-                  score_rtol=fields.get("score_rtol", 0.0), sqnr_db=sqnr[0], sqnr_reason=sqnr[1])
+                  bound_rtol=fields.get("bound_rtol", 0.0), sqnr_db=sqnr[0], sqnr_reason=sqnr[1])
 
 
 class Budgets:

@@ -55,9 +55,11 @@ class Check:
 @dataclass
 class Magnitudes:
     """What an output's relative budget terms are relative to, per element: rtol x `value`
-    (|expected| when None) + score_rtol x `score` (no such term when None)."""
+    (|expected| when None) + bound_rtol x `bound` (no such term when None): `bound` is a rounding
+    bound the op computes, of an error whose unit is not the output dtype's (fp32 scores or
+    statistics behind fp16 outputs, say)."""
     value: torch.Tensor | None = None
-    score: torch.Tensor | None = None
+    bound: torch.Tensor | None = None
 
 
 def _index(flat_idx: int, shape) -> tuple:
@@ -112,8 +114,8 @@ def compare(output: str, got: torch.Tensor, expected: torch.Tensor, budget: Budg
     n = o.numel()
     magnitude = o.abs() if mags.value is None else f64(mags.value)
     allowed = budget.atol + budget.rtol * magnitude
-    if mags.score is not None and budget.score_rtol:
-        allowed = allowed + budget.score_rtol * f64(mags.score)
+    if mags.bound is not None and budget.bound_rtol:
+        allowed = allowed + budget.bound_rtol * f64(mags.bound)
     o = _expected_at_overflow(o, y, allowed, got.dtype)
 
     both = torch.isfinite(o) & torch.isfinite(y)
@@ -152,7 +154,7 @@ def compare(output: str, got: torch.Tensor, expected: torch.Tensor, budget: Budg
     bad = int((usage_elem > 1).sum()) if n else 0
     problem = None
     if usage > 1:
-        terms = "atol + rtol*|expected|" + (" + score_rtol*M" if budget.score_rtol and mags.score is not None else "")
+        terms = "atol + rtol*|expected|" + (" + bound_rtol*M" if budget.bound_rtol and mags.bound is not None else "")
         problem = (f"{bad} of {n} elements outside {terms}; worst error "
                    f"{_f(err[k]):.3g} where {_f(allowed[k]):.3g} is allowed")
     # Rule 4: or within ref_ratio times the reference's error.

@@ -629,13 +629,13 @@ class Recorder:
                     "blas": blas.info()}
             if s.shard:
                 meta["shard"] = s.shard_info
-            if s.gpu_plan:
-                meta["gpus"] = {"workers": s.gpu_plan, "names": s.gpu_names}
             if s.fuzz:
                 meta["fuzz"] = s.fuzz
             volatile = {"args": list(self.config.invocation_params.args),
                         "durations": {k: round(v, 3) for k, v in sorted(self.durations.items())},
                         "failures": dict(sorted(self.failure_text.items()))}
+            if s.gpu_plan:      # which worker ran on which GPU: a property of this run's -n, like "workers"
+                volatile["gpus"] = {"workers": s.gpu_plan, "names": s.gpu_names}
             timing = s.timer.finish() if s.timer else None
             if timing is not None:
                 volatile["phases"] = timing

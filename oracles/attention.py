@@ -178,7 +178,7 @@ def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seq
 @one_thread
 def flash_attention_magnitudes(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """(out-shaped M, lse-shaped score magnitude) of _head_out_score_magnitude, in
-    flash_attention's layouts: what the score_rtol term of the budget is relative to."""
+    flash_attention's layouts: what the bound_rtol term of the budget is relative to."""
     return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, _head_out_score_magnitude)
 
 

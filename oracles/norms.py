@@ -28,15 +28,21 @@ def layernorm(x, w=None, b=None, eps=1e-5):
 
 
 @one_thread
-def layernorm_terms(x, w=None, b=None, eps=1e-5):
-    """|w n| + |b| elementwise, n the normalised x: the sum of the magnitudes of the two terms of
-    y = w n + b. Where they cancel, y keeps their rounding error: the magnitude layernorm's rtol
-    is relative to (it is >= |y|, so it also covers y's own rounding)."""
+def layernorm_magnitudes(x, w=None, b=None, eps=1e-5):
+    """(terms, stats), elementwise, n the normalised x:
+    terms = |w n| + |b|, the magnitudes of the two terms of y = w n + b: where they cancel, y
+      keeps their rounding error (>= |y|, so it also covers y's own rounding);
+    stats = |w| rstd max_j |x_j|, the row's largest magnitude carried to y: a kernel's fp32
+      statistics and x - mean round at the size of the row's values, not of x - mean (with an
+      outlier of 1000 in a row, an element near the mean is off by about |w| rstd 1000 u32)."""
     x = f64(x)
     mean = x.mean(-1, keepdim=True)
-    n = (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + eps)
-    m = n.abs() if w is None else (n * f64(w)).abs()
-    return m if b is None else m + f64(b).abs()
+    rstd = 1.0 / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + eps)
+    n = (x - mean) * rstd
+    w_abs = 1.0 if w is None else f64(w).abs()
+    terms = (n * w_abs).abs() + (0.0 if b is None else f64(b).abs())
+    stats = w_abs * rstd * x.abs().amax(-1, keepdim=True)
+    return terms, torch.nan_to_num(stats.expand_as(x).clone(), nan=0.0, posinf=0.0)
 
 
 @one_thread

@@ -121,7 +121,7 @@ def test_two_runs_give_identical_bits(op, dtype, backend):
 
 
 def test_score_magnitudes_follow_their_definition():
-    """What attention's score_rtol term is relative to (oracles.attention, _head_out_score_magnitude):
+    """What attention's bound_rtol term is relative to (oracles.attention, _head_out_score_magnitude):
     out's M = score magnitude x sum_j p_j |v_j - out|, lse's the score magnitude scale x max_j
     sum_d |q_d| |k_jd|. M is zero for a one-hot row; for two keys with equal scores it is
     |v_0 - v_1| / 2 times the score magnitude; decode's equals flash's on the same row."""

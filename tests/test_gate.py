@@ -363,8 +363,8 @@ def test_an_envelope_refuses_other_budgets_and_other_case_groups():
                                                r"in b.json, .*'rtol': 1e-06.* in a.json"):
         bl.envelope([audit_doc(BASE), audit_doc(other_budget, "Haswell", "Haswell")], ["a.json", "b.json"])
     # a budget field that only some records carry (a newer Budget.as_record) is compared too
-    extra = [dict(r, score_rtol=1e-5) for r in BASE]
-    if "score_rtol" in bl.budget_keys():
+    extra = [dict(r, bound_rtol=1e-5) for r in BASE]
+    if "bound_rtol" in bl.budget_keys():
         with pytest.raises(bl.BaselineError, match="budget"):
             bl.envelope([audit_doc(BASE), audit_doc(extra, "Haswell", "Haswell")], ["a.json", "b.json"])
     fewer = [r for r in BASE if r["values"] != "tiny"]

@@ -87,7 +87,7 @@ class FlashAttention(Op):
         return oracles.flash_attention(*self._args(inp))
 
     def error_scale(self, inp, expected):
-        """rtol is relative to |out| and |lse|; score_rtol to the bounds of how far the fp32
+        """rtol is relative to |out| and |lse|; bound_rtol to the bounds of how far the fp32
         rounding of the scores can move them (oracles.attention.flash_attention_magnitudes):
         out by score_mag x sum_j p_j |v_j - out|, lse by score_mag = scale x max over visible j
         of sum_d |q_d| |k_jd|. Scores are fp32 dots in every dtype, and huge ones (the outlier
@@ -95,7 +95,7 @@ class FlashAttention(Op):
         beyond |out|, by an amount that depends on the summation order (the CPU's BLAS kernel
         on the interpreter)."""
         m_out, m_lse = oracles.flash_attention_magnitudes(*self._args(inp))
-        return Magnitudes(score=m_out), Magnitudes(score=m_lse.reshape(expected[1].shape))
+        return Magnitudes(bound=m_out), Magnitudes(bound=m_lse.reshape(expected[1].shape))
 
     def cases(self, dtype, size, config):
         @st.composite
@@ -202,7 +202,7 @@ class DecodeAttention(Op):
 
     def error_scale(self, inp, expected):
         """out: as flash_attention's."""
-        return (Magnitudes(score=oracles.decode_out_score_magnitude(*self._args(inp))),)
+        return (Magnitudes(bound=oracles.decode_out_score_magnitude(*self._args(inp))),)
 
     def cases(self, dtype, size, config):
         @st.composite
