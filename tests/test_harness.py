@@ -279,6 +279,12 @@ def test_overflow_edge_accepts_either_side_within_budget():
     assert not compare("y", f16(-65504, 65504, 65504, 60000), o, b).passed       # 70000: far past the edge
     far = compare("y", f16(-65504, 65504, float("inf"), float("inf")), o, b)    # 60000: an inf is wrong
     assert not far.passed and "non-finite" in far.problem
+    # A band wider than |o| reaches both edges: either infinity is within budget there.
+    wide = Budget(atol=0.0, rtol=10.0, reason="test", table="t")
+    o2 = torch.tensor([35330.0, 100.0], dtype=torch.float64)
+    assert compare("y", f16(-float("inf"), 100), o2, wide).passed
+    assert compare("y", f16(float("inf"), 100), o2, wide).passed
+    assert not compare("y", f16(float("nan"), 100), o2, wide).passed
     # A dtype without infinities (e4m3fn) keeps the oracle's values as they are.
     e4 = torch.tensor([448.0], dtype=torch.float64)
     assert compare("y", e4.to(torch.float8_e4m3fn), e4, b).passed
