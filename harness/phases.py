@@ -6,7 +6,9 @@ with a Laps object; the time since the previous mark goes to that stage. Triton'
 wrapped (install_compile_timer), and compile time that falls inside a stage is moved out of it
 to "compile": the JIT compiles inside the kernel call, on its first launch of each
 specialisation. On a GPU, run_case synchronises after the kernel and the reference, so these
-host timers measure the device's work too (the oracles are NumPy on the CPU).
+host timers measure the device's work too. The float64 oracles and error scales also run on the
+GPU, with no synchronisation of their own: their device work ends at the comparison's first read
+of a result, so part of it may be counted under "compare".
 
 PhaseTimer (a pytest plugin) adds the test-level times, so the phases add up to a worker's
 whole time: its tests' calls (checks, and Hypothesis generation and other test overhead),
