@@ -194,7 +194,3 @@ def make_param(shape, dtype: str, gen: torch.Generator, device, *, mean=0.0, std
     storage[0::2] = v.reshape(-1)
     return storage.to(device)[0::2].view(shape)
 
-
-def poisoned(shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """An output buffer full of NaN: any element the kernel fails to write stays NaN."""
-    return torch.full(tuple(shape), math.nan, dtype=dtype, device=device)

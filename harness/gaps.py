@@ -72,6 +72,10 @@ GAPS = (
     Gap(id="interp-no-cuda-graph", backend="interpreter",
         reason="a CUDA graph captures kernels launched on a CUDA device; the interpreter runs them on the CPU",
         link="models/decode_graph.py", ops=("decoder",), configs=("cuda_graph",)),
+    Gap(id="interp-no-sanitizer", backend="interpreter",
+        reason="compute-sanitizer instruments CUDA kernels; the interpreter runs them on the CPU, where the "
+               "lane guard (harness/oob_guard.py) checks every load and store instead",
+        link="tests/test_memory_safety.py", configs=("sanitizer",)),
     Gap(id="interp-runtime-loop-numpy25", backend="interpreter",
         reason="Triton 3.6's interpreter fails on loops with a runtime bound under NumPy >= 2.5",
         link="FIELD-NOTES.md, Triton's interpreter",

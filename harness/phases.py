@@ -19,6 +19,7 @@ summary and puts the same data under the audit's meta.volatile["phases"].
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from collections import defaultdict
@@ -30,6 +31,7 @@ OVERHEAD = "overhead"          # a checking test's call time outside the phases:
 WORKER_OUTPUT = "kernelcheck_phases"
 
 _clock = time.perf_counter
+COMPILE_LOG = "KERNELCHECK_COMPILE_LOG"    # a path: one JSON line per Triton compilation
 
 
 class Totals:
@@ -43,6 +45,7 @@ class Totals:
         self.compiles = 0             # triton.compiler.compile calls (the JIT's in-memory cache misses)
         self.cache_hits = 0           # ... of which Triton's on-disk cache answered
         self.loads = 0                # compiled kernels loaded on the device (and their launchers built)
+        self.by_kernel = defaultdict(lambda: [0, 0.0])    # kernel name -> [compilations, seconds]
         self.seen = set()             # ops checked during the current test call
 
     def add(self, op: str, phase: str, seconds: float) -> None:
@@ -102,8 +105,19 @@ def install_compile_timer() -> bool:
         try:
             return original(*args, **kwargs)
         finally:
-            TOTALS.compile_s += _clock() - t
+            dt = _clock() - t
+            TOTALS.compile_s += dt
             TOTALS.compiles += 1
+            src = args[0] if args else kwargs.get("src")
+            name = getattr(getattr(src, "fn", None), "__name__", None) or getattr(src, "name", "?")
+            mine = TOTALS.by_kernel[name]
+            mine[0] += 1
+            mine[1] += dt
+            if os.environ.get(COMPILE_LOG):     # what each compilation specialised on, to study
+                with open(os.environ[COMPILE_LOG], "a") as f:
+                    f.write(json.dumps({"kernel": name, "s": round(dt, 3), "constexprs": repr(getattr(src, "constexprs", "")),
+                                        "attrs": repr(getattr(src, "attrs", "")),
+                                        "signature": repr(getattr(src, "signature", ""))}) + "\n")
 
     tc.compile = timed_compile
     if getattr(triton, "compile", None) is original:
@@ -144,13 +158,18 @@ def merge(parts: list) -> dict:
     """The sum of several processes' snapshots (the per-worker times are kept apart too)."""
     out = {"workers": 0, "worker_s": 0.0, "busy_s": 0.0, "setup_s": 0.0, "check_tests_s": 0.0, "other_tests_s": 0.0,
            "check_tests": 0, "other_tests": 0, "other_files": {},
-           "compile": {"count": 0, "cache_hits": 0, "loads": 0, "seconds": 0.0, "outside_checks_s": 0.0}, "ops": {}}
+           "compile": {"count": 0, "cache_hits": 0, "loads": 0, "seconds": 0.0, "outside_checks_s": 0.0}, "ops": {},
+           "compile_by_kernel": {}}
     for p in parts:
         for k in ("workers", "worker_s", "busy_s", "setup_s", "check_tests_s", "other_tests_s", "check_tests",
                   "other_tests"):
             out[k] += p[k]
         for k in out["compile"]:
             out["compile"][k] += p["compile"][k]
+        for name, (n, sec) in p.get("compile_by_kernel", {}).items():
+            mine = out["compile_by_kernel"].setdefault(name, [0, 0.0])
+            mine[0] += n
+            mine[1] += sec
         for f, x in p["other_files"].items():
             out["other_files"][f] = out["other_files"].get(f, 0.0) + x
         for op, v in p["ops"].items():
@@ -184,6 +203,8 @@ def report(total: dict, wall_s: float, per_worker: dict | None = None) -> dict:
                                     - total["other_tests_s"], 3),
         "outside_tests_s": round(rest, 3),
         "compile": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in total["compile"].items()},
+        "compile_by_kernel": {k: {"count": n, "seconds": round(sec, 3)} for k, (n, sec)
+                              in sorted(total.get("compile_by_kernel", {}).items(), key=lambda kv: -kv[1][1])},
         "ops": ops,
     }
     if per_worker:
@@ -219,6 +240,9 @@ def format_summary(r: dict, gpu: bool = False, top: int = 5) -> list:
     outside = f", +{c['outside_checks_s']:.1f} s outside checks" if c["outside_checks_s"] >= 0.05 else ""
     lines.append(f"triton compile: {c['count']} compilation(s){hits}, {c['loads']} load(s), {c['seconds']:.1f} s"
                  f"{outside}")
+    kernels = list(r.get("compile_by_kernel", {}).items())[:top]
+    if kernels:
+        lines.append("compile by kernel: " + ", ".join(f"{k} {v['count']}x {v['seconds']:.1f} s" for k, v in kernels))
     if gpu and not c["count"]:
         # every worker process compiles its kernels on their first launch: none seen means the
         # wrapper missed Triton's compile path (moved in this Triton version?)
@@ -316,6 +340,7 @@ class PhaseTimer:
             "compile": {"count": t.compiles, "cache_hits": t.cache_hits, "loads": t.loads,
                         "seconds": t.compile_s, "outside_checks_s": max(0.0, t.compile_s - in_checks)},
             "ops": {op: {**phases, "checks": t.checks[op], "tests": t.tests[op]} for op, phases in t.ops.items()},
+            "compile_by_kernel": {k: list(v) for k, v in t.by_kernel.items()},
         }
 
     def pytest_sessionfinish(self, session):

@@ -112,6 +112,10 @@ def pytest_addoption(parser):
     group.addoption("--dtype", action="append", default=[], metavar="DTYPE[,DTYPE]",
                     help="run only the checks in these dtypes (repeatable)")
     group.addoption("--audit-json", default=None, metavar="PATH", help="write every audit record to PATH")
+    group.addoption("--memory-guard", choices=("on", "off"),
+                    default="off" if os.environ.get("KERNELCHECK_MEMORY_GUARD") == "0" else "on",
+                    help="guard regions around every buffer a check hands a kernel (default on; "
+                         "kernelcheck-sanitize turns them off: docs/memory-safety.md)")
     group.addoption("--tolerances", default=str(ROOT / "tolerances.toml"), metavar="PATH",
                     help="the budgets file (default: tolerances.toml at the repository root)")
     group.addoption("--baseline", default=None, metavar="PATH",
@@ -221,6 +225,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "op(name): the test checks this registered op")
     config.addinivalue_line("markers", "audited: the test records audit entries through the check fixture")
     worker = hasattr(config, "workerinput")
+    os.environ["KERNELCHECK_MEMORY_GUARD"] = "1" if config.getoption("memory_guard") == "on" else "0"
     gpu_option, shard_option = config.getoption("gpus"), config.getoption("shard")
     try:
         shard = shards.parse(shard_option) if shard_option is not None else None

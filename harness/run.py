@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from harness import phases, registry
+from harness import memory_guard, phases, registry
 from harness.backend import Backend
 from harness.budgets import Budget, Budgets
-from harness.cases import Case, poisoned
+from harness.cases import Case
 from harness.compare import Check, compare
 
 
@@ -70,12 +70,17 @@ def run_case(case: Case, backend: Backend, budgets: Budgets) -> Outcome:
     _sync(backend, case, "start")
     _last_case = case
     lap = phases.Laps(case.op, check=True)   # lap(stage): the time since the last lap goes to that stage
+    guard = memory_guard.MemoryGuard(memory_guard.enabled())
     inputs = op.inputs(case, backend.device)
-    out = {name: poisoned(shape, op.output_dtype(name, case), backend.device)
+    layouts = _layouts(inputs)          # as the case made them (the guard moves them, strides and all)
+    inputs = guard.inputs(inputs)
+    out = {name: guard.output(name, shape, op.output_dtype(name, case), backend.device)
            for name, shape in op.output_shapes(inputs).items()}
     lap("inputs")
-    got = op.kernel(inputs, out, **op.configs[case.config])
+    with guard.launcher_allocations():
+        got = op.kernel(inputs, out, **op.configs[case.config])
     _sync(backend, case, "kernel")
+    memory = guard.verify()
     lap("kernel")
     ref = op.reference(inputs)
     _sync(backend, case, "reference")
@@ -85,8 +90,18 @@ def run_case(case: Case, backend: Backend, budgets: Budgets) -> Outcome:
     scales = op.error_scale(inputs, expected)
     lap("error_scale")
     checks = [compare(name, g, e, budget, r, sc) for name, g, e, r, sc in zip(op.outputs, got, expected, ref, scales)]
+    checks += [memory_check(problem) for problem in memory]
     lap("compare")
-    return Outcome(case, budget, backend, checks, _layouts(inputs), tolerances_option(budgets))
+    return Outcome(case, budget, backend, checks, layouts, tolerances_option(budgets))
+
+
+MEMORY = "memory"     # the output name of a memory guard's failed check
+
+
+def memory_check(problem: str) -> Check:
+    """A failed check for a touched guard margin (harness/memory_guard.py)."""
+    nan = math.nan
+    return Check(MEMORY, False, problem, (), 0, nan, nan, nan, None, math.inf, None, None, None)
 
 
 DEFAULT_TOLERANCES = Path(__file__).resolve().parents[1] / "tolerances.toml"
@@ -104,6 +119,9 @@ def _g(v) -> str:
 
 def describe(outcome: Outcome, check: Check) -> str:
     case = outcome.case
+    if check.output == MEMORY:
+        return "\n".join([f"{case.op} {case.dtype} FAILED on {outcome.backend.key}: {check.problem}",
+                          f"  case     {case.id}", f"  replay   {outcome.replay_command()}"])
     lines = [f"{case.op} {case.dtype} output '{check.output}' FAILED on {outcome.backend.key}: {check.problem}",
              f"  case     {case.id}"]
     for name, (shape, strides, offset) in outcome.layouts.items():

@@ -88,9 +88,32 @@ def check_out(out, shape, dtype, device, name: str = "out") -> None:
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {out.stride()}")
 
 
+# Every buffer a launcher allocates (an output when no out= is given, a split's partial results,
+# a workspace) comes from allocate(), so that a test harness can hand out guarded, poisoned
+# buffers instead (harness/memory_guard.py): a kernel that reads a partial it never wrote then
+# reads NaN, and a store past the buffer lands in a checked margin.
+_allocator = None
+
+
+def set_allocator(allocator):
+    """Route allocate() to `allocator(shape, dtype, device, name=, zero=)`, or back to torch
+    with None. Returns the previous one."""
+    global _allocator
+    previous, _allocator = _allocator, allocator
+    return previous
+
+
+def allocate(shape, dtype, device, *, name: str, zero: bool = False) -> torch.Tensor:
+    """A contiguous buffer; `zero`: the kernel relies on it starting at zero (a flag, an atomic
+    max), otherwise its contents are undefined until the kernel writes them."""
+    if _allocator is not None:
+        return _allocator(tuple(shape), dtype, device, name=name, zero=zero)
+    return (torch.zeros if zero else torch.empty)(tuple(shape), dtype=dtype, device=device)
+
+
 def new_out(out, shape, dtype, device, name: str = "out") -> torch.Tensor:
     if out is None:
-        return torch.empty(shape, dtype=dtype, device=device)
+        return allocate(shape, dtype, device, name=name)
     check_out(out, shape, dtype, device, name)
     return out
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_finite, check_same_device, check_same_dtype, check_tensor, new_out
+from kernels._launch import allocate, check_finite, check_same_device, check_same_dtype, check_tensor, new_out
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -494,8 +494,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             *q.stride(), *k_cache.stride(), *v_cache.stride(), st_b,
             out.stride(0), out.stride(1), 0, 0, 0, 0, scale * _LOG2E, FINAL=True, **common)
         return out
-    part_o = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)
-    part_ml = torch.empty((2, B, Hq, splits), dtype=torch.float32, device=q.device)    # [m, l] per split
+    part_o = allocate((B, Hq, splits, D), torch.float32, q.device, name="part_o")
+    part_ml = allocate((2, B, Hq, splits), torch.float32, q.device, name="part_ml")    # [m, l] per split
     _decode_kernel[(B, Hkv, splits)](
         q, k_cache, v_cache, seqlens, table, part_o, part_ml, group, D, chunk, block_size, capacity, k_cache.shape[0],
         *q.stride(), *k_cache.stride(), *v_cache.stride(), st_b,

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_same_device, check_tensor, new_out
+from kernels._launch import allocate, check_same_device, check_tensor, new_out
 
 INT_DTYPES = (torch.int32, torch.int64)
 _MAX_BLOCK_H = 1024
@@ -84,7 +84,7 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | Non
     flat = ids.reshape(-1)          # a view when the layout allows, else a (small) copy
     block_t, block_h, num_warps = _tile(H, block_cols)
     grid = (triton.cdiv(n_tokens, block_t), triton.cdiv(H, block_h))
-    bad = torch.zeros(1, dtype=torch.int32, device=table.device) if validate else out
+    bad = allocate((1,), torch.int32, table.device, name="bad_ids", zero=True) if validate else out
     _embedding_kernel[grid](flat, table, out, bad, n_tokens, V, H, flat.stride(0), table.stride(0), table.stride(1),
                             COUNT_BAD=validate, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps)
     if validate:

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from kernels._device import gemm_tile, grouped_tile, load_tile
-from kernels._launch import _fmt_dtype, check_same_device, check_same_dtype, check_tensor, new_out, row_tile
+from kernels._launch import _fmt_dtype, allocate, check_same_device, check_same_dtype, check_tensor, new_out, row_tile
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.gemm import _check_bias, _fit_strides, _programs, _SHARED_BYTES, _tma_aligned
@@ -258,7 +258,7 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, gran
     mode = "given" if scale is not None else granularity
     amax = None
     if mode == "tensor":
-        amax = torch.zeros(1, dtype=torch.int32, device=x.device)
+        amax = allocate((1,), torch.int32, x.device, name="amax", zero=True)
         _amax_kernel[grid](x2, amax, M, D, x2.stride(0), x2.stride(1), BLOCK_M=block_m, BLOCK_D=block_d,
                            num_warps=warps)
     scales = scale if scale is not None else scale_out

@@ -1,0 +1,179 @@
+"""Run checks under NVIDIA's compute-sanitizer: `kernelcheck-sanitize` (python -m harness.sanitize).
+
+The guard regions (harness/memory_guard.py) see an access that lands near a buffer; the
+sanitizer sees every access of every instrumented kernel, wherever it lands, and reads of
+memory nothing wrote:
+
+    memcheck   out-of-bounds and misaligned loads and stores, anywhere
+    initcheck  loads of device memory that nothing initialised (a partial never written)
+    racecheck  shared-memory hazards between threads (the kernels' block reductions)
+
+To give the sanitizer exact buffer ends, the runs turn the guard regions off (each buffer its
+own allocation, scratch not pre-filled) and PyTorch's caching allocator off (each tensor its
+own cudaMalloc), and memcheck pads every allocation so that a small overrun lands in padding.
+The selection (default: the pinned catalogue of every op) runs as N shards in parallel, one
+sanitizer process each. `--planted` instead runs each planted memory bug (harness/planted.py)
+and the real kernel on its case, and requires the sanitizer to report the bug and only the bug.
+
+    kernelcheck-sanitize --tool memcheck --out DIR [--jobs 16] [-- pytest selection args]
+    kernelcheck-sanitize --planted --out DIR
+
+Writes DIR/<tool>.json (and a log per shard); exit 0 when the sanitizer reported nothing
+(--planted: when every bug was reported and no real kernel was), 1 otherwise, 2 when
+compute-sanitizer is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+TOOLS = ("memcheck", "initcheck", "racecheck")
+ERROR_EXIT = 86                    # the sanitizer's exit code when it reported an error
+PADDING = 256                      # bytes of padding after every allocation (memcheck)
+DEFAULT_SELECTION = ["tests/test_ops.py", "-k", "test_pinned"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def find_sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for cuda in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if cuda and Path(cuda, "bin", "compute-sanitizer").exists():
+            return str(Path(cuda, "bin", "compute-sanitizer"))
+    return None
+
+
+def environment() -> dict:
+    """The sanitizer runs' environment: no guard regions, no caching allocator."""
+    env = dict(os.environ)
+    env.update(KERNELCHECK_MEMORY_GUARD="0", PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def command(tool: str, log: Path, target: list) -> list:
+    exe = find_sanitizer() or "compute-sanitizer"
+    cmd = [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXIT), "--print-limit", "50",
+           "--log-file", str(log)]
+    if tool == "memcheck":
+        cmd += ["--padding", str(PADDING)]
+    return cmd + [sys.executable] + target
+
+
+_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+_KERNEL = re.compile(r"^=+\s+(?:at|in) (?:0x[0-9a-f]+ in )?([A-Za-z_][\w]*)", re.M)
+_KIND = re.compile(r"^=+\s+((?:Invalid|Uninitialized|Misaligned|Race|Error|Out-of-range)[^\n]*)", re.M)
+
+
+def parse_log(text: str) -> dict:
+    """The sanitizer's verdict in a log: its error count, the kinds and the kernels named."""
+    counts = [int(m) for m in _SUMMARY.findall(text)]
+    kernels: dict = {}
+    for name in _KERNEL.findall(text):
+        kernels[name] = kernels.get(name, 0) + 1
+    kinds: dict = {}
+    for kind in _KIND.findall(text):
+        kind = re.sub(r"\s+", " ", kind.split(" at ")[0]).strip()
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {"errors": sum(counts) if counts else None, "kinds": kinds, "kernels": kernels}
+
+
+def _run(cmd: list, log: Path, timeout: float) -> dict:
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=timeout)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    seconds = round(time.perf_counter() - t, 1)
+    text = log.read_text(errors="replace") if log.exists() else ""
+    log.with_suffix(".out").write_text(out)
+    return {"rc": rc, "seconds": seconds, **parse_log(text), "tail": out[-2000:]}
+
+
+def run_selection(tool: str, out: Path, jobs: int, pytest_args: list, timeout: float) -> dict:
+    """The selection as `jobs` shards, each in its own sanitizer process."""
+    def shard(i):
+        log = out / f"{tool}-shard{i}of{jobs}.log"
+        target = ["-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "--tb=line",
+                  f"--shard={i}/{jobs}", *pytest_args]
+        return {"shard": f"{i}/{jobs}", **_run(command(tool, log, target), log, timeout)}
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(jobs) as pool:
+        shards = list(pool.map(shard, range(1, jobs + 1)))
+    kernels: dict = {}
+    for s in shards:
+        for k, n in s["kernels"].items():
+            kernels[k] = kernels.get(k, 0) + n
+    errors = [s["errors"] for s in shards]
+    passed = re.compile(r"(\d+) passed")
+    tests = sum(int(m) for s in shards for m in passed.findall(s["tail"]))
+    return {"tool": tool, "selection": pytest_args, "jobs": jobs, "wall_s": round(time.perf_counter() - t, 1),
+            "tests_passed": tests, "errors": None if None in errors else sum(errors), "kernels": kernels,
+            "pytest_exit": [s["rc"] for s in shards], "shards": shards}
+
+
+def run_planted(out: Path, timeout: float, names=None) -> dict:
+    """Each planted bug under its tool, and the real kernel on the same case."""
+    from harness.planted import PLANTED
+
+    def one(item):
+        (name, p), real = item
+        tag = f"{name}-{'real' if real else 'planted'}"
+        log = out / f"planted-{tag}.log"
+        target = ["-m", "harness.planted", name] + (["--real"] if real else [])
+        r = _run(command(p.sanitizer, log, target), log, timeout)
+        caught = bool(r["errors"])
+        return {"name": name, "kernel": "real" if real else "planted", "tool": p.sanitizer, "what": p.what,
+                "ok": (not caught) if real else caught, **r}
+
+    items = [(kv, real) for kv in PLANTED.items() if names is None or kv[0] in names for real in (False, True)]
+    t = time.perf_counter()
+    with ThreadPoolExecutor(min(8, len(items))) as pool:
+        results = list(pool.map(one, items))
+    return {"planted": results, "wall_s": round(time.perf_counter() - t, 1),
+            "ok": all(r["ok"] for r in results)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="kernelcheck-sanitize", description=__doc__.splitlines()[0])
+    ap.add_argument("--tool", choices=TOOLS, default="memcheck")
+    ap.add_argument("--out", type=Path, default=Path("sanitizer-report"))
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="shards run in parallel (default: cores)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per shard")
+    ap.add_argument("--planted", action="store_true", help="run the planted memory bugs instead")
+    ap.add_argument("pytest_args", nargs="*", help=f"the selection (default: {' '.join(DEFAULT_SELECTION)})")
+    args = ap.parse_args(argv)
+    if find_sanitizer() is None:
+        print("kernelcheck-sanitize: compute-sanitizer not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.planted:
+        report = run_planted(args.out, args.timeout)
+        (args.out / "planted.json").write_text(json.dumps(report, indent=1))
+        for r in report["planted"]:
+            verdict = "ok" if r["ok"] else "WRONG"
+            print(f"{verdict:5} {r['name']:40} {r['kernel']:7} {r['tool']:9} errors {r['errors']} "
+                  f"({', '.join(r['kinds']) or '-'}) {r['seconds']} s")
+        return 0 if report["ok"] else 1
+    report = run_selection(args.tool, args.out, max(1, args.jobs), args.pytest_args or DEFAULT_SELECTION,
+                           args.timeout)
+    (args.out / f"{args.tool}.json").write_text(json.dumps(report, indent=1))
+    print(f"{args.tool}: {report['errors']} error(s) in {report['tests_passed']} passed tests, "
+          f"{report['jobs']} shards, {report['wall_s']} s; pytest exits {report['pytest_exit']}")
+    for k, n in sorted(report["kernels"].items(), key=lambda kv: -kv[1]):
+        print(f"  {k}: {n}")
+    return 0 if report["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
