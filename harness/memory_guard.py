@@ -122,16 +122,19 @@ class MemoryGuard:
         finally:
             _launch.set_allocator(previous)
 
-    def inputs(self, inputs: dict) -> dict:
-        """The inputs with every tensor moved flush against poisoned margins (same values,
-        shapes, strides, aliasing); scalars and other objects as they are."""
+    def inputs(self, inputs: dict, device) -> dict:
+        """The inputs with every tensor on `device` moved flush against poisoned margins (same
+        values, shapes, strides, aliasing); scalars, other objects and tensors elsewhere (the
+        decoder's token ids on the host, say) as they are."""
         if not self.enabled:
             return inputs
+        device = torch.device(device)
         groups: dict = {}            # storage address -> [(name, index in a list or None, tensor)]
         for name, value in inputs.items():
             items = list(enumerate(value)) if isinstance(value, (list, tuple)) else [(None, value)]
             for i, t in items:
-                if isinstance(t, torch.Tensor) and t.numel() and t.layout == torch.strided and not t.requires_grad:
+                if isinstance(t, torch.Tensor) and t.device.type == device.type and t.numel() \
+                        and t.layout == torch.strided and not t.requires_grad:
                     groups.setdefault(t.untyped_storage().data_ptr(), []).append((name, i, t))
         moved = {}
         for members in groups.values():
@@ -175,10 +178,17 @@ class MemoryGuard:
         """A line per buffer whose margins were touched (one host sync when none was)."""
         if not self.regions:
             return []
-        touched = torch.stack([torch.stack([(r.storage[:r.start] != r.before).any(),
-                                            (r.storage[r.end:] != r.after).any()]) for r in self.regions])
+        flags = [torch.stack([(r.storage[:r.start] != r.before).any(), (r.storage[r.end:] != r.after).any()])
+                 for r in self.regions]
+        by_device: dict = {}                 # one host sync per device
+        for i, f in enumerate(flags):
+            by_device.setdefault(f.device, []).append(i)
+        touched = [None] * len(flags)
+        for idx in by_device.values():
+            for i, pair in zip(idx, torch.stack([flags[i] for i in idx]).tolist()):
+                touched[i] = pair
         problems = []
-        for r, (before, after) in zip(self.regions, touched.tolist()):
+        for r, (before, after) in zip(self.regions, touched):
             if before:
                 diff = torch.nonzero(r.storage[:r.start] != r.before).flatten()
                 nearest = (r.start - int(diff[-1]) + r.element_size - 1) // r.element_size

@@ -32,6 +32,8 @@ class Planted:
     launcher: str             # the kernels.<launcher> the edited module's version replaces
     case: Case                # a case that crosses the bug
     sanitizer: str            # the compute-sanitizer tool that reports it (with no guard regions)
+    sanitizer_sees: bool = True   # False: a measured blind spot of that tool (the test requires silence,
+                                  # so a sanitizer that starts seeing it shows up)
 
 
 PLANTED = {p.name: p for p in (
@@ -68,7 +70,10 @@ PLANTED = {p.name: p for p in (
             "fp8", "fp8_matmul",
             (('y_d = TensorDescriptor.from_tensor(out, [cfg["BLOCK_M"], cfg["BLOCK_N"]])',
               'y_d = TensorDescriptor(out, [M + 1, N], list(out.stride()), [cfg["BLOCK_M"], cfg["BLOCK_N"]])'),),
-            "fp8_matmul", Case.make("fp8_matmul", "bfloat16", (24, 32, 64), seed=5, fmt="e4m3fn"), "memcheck"),
+            "fp8_matmul", Case.make("fp8_matmul", "bfloat16", (24, 32, 64), seed=5, fmt="e4m3fn"), "memcheck",
+            # The TMA unit's bulk stores are not instrumented: memcheck 2025.3 on an H200 reported
+            # nothing (and the guard's margin caught it).
+            sanitizer_sees=False),
     Planted("decode-unwritten-partial",
             "split decode skips writing the max and sum of a split that saw no position; the "
             "combine reads them anyway",

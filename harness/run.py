@@ -73,7 +73,7 @@ def run_case(case: Case, backend: Backend, budgets: Budgets) -> Outcome:
     guard = memory_guard.MemoryGuard(memory_guard.enabled())
     inputs = op.inputs(case, backend.device)
     layouts = _layouts(inputs)          # as the case made them (the guard moves them, strides and all)
-    inputs = guard.inputs(inputs)
+    inputs = guard.inputs(inputs, backend.device)
     out = {name: guard.output(name, shape, op.output_dtype(name, case), backend.device)
            for name, shape in op.output_shapes(inputs).items()}
     lap("inputs")

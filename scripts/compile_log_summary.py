@@ -20,3 +20,6 @@ for k, rs in sorted(by.items(), key=lambda kv: -sum(r["s"] for r in kv[1])):
     at = {r["attrs"] for r in rs}
     cs = {(r["constexprs"], r["signature"]) for r in rs}
     print(f"{k:28} {len(rs):5} {s:7.0f} {s / len(rs):7.2f} {len(sigs):5} {len(cx):10} {len(at):6} {len(cs):8}")
+print("slowest compilations:")
+for r in sorted(rows, key=lambda r: -r["s"])[:15]:
+    print(f"  {r['s']:6.1f} s {r['kernel']} {r['signature'][:300]}")

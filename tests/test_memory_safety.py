@@ -56,7 +56,9 @@ def test_inputs_keep_values_strides_alignment_and_aliasing(backend):
     w = storage[::2]                                   # the same storage, another view
     ids = torch.tensor([3, 1, 2], device=dev)
     g = MemoryGuard()
-    inp = g.inputs({"x": x, "w": w, "ids": ids, "pair": [x, ids], "scale": 0.5})
+    host = torch.ones(2)
+    inp = g.inputs({"x": x, "w": w, "ids": ids, "pair": [x, ids], "scale": 0.5, "host": host}, dev)
+    assert inp["host"] is host or dev == "cpu"
     assert inp["scale"] == 0.5
     for name in ("x", "w", "ids"):
         assert torch.equal(inp[name], locals()[name]) and inp[name].stride() == locals()[name].stride()
@@ -94,7 +96,7 @@ def test_a_disabled_guard_hands_out_plain_buffers(backend):
     g = MemoryGuard(enabled=False)
     y = g.output("y", (2, 2), torch.float32, backend.device)
     x = torch.ones(3, device=backend.device)
-    assert torch.isnan(y).all() and g.inputs({"x": x})["x"] is x and g.verify() == []
+    assert torch.isnan(y).all() and g.inputs({"x": x}, backend.device)["x"] is x and g.verify() == []
 
 
 # Planted bugs ---------------------------------------------------------------------------------
