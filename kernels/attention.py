@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import allocate, check_finite, check_same_device, check_same_dtype, check_tensor, new_out
+from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_tensor, interpreting,
+                             new_out)
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -276,6 +277,13 @@ def _fwd_blocks(seq_q, seq_k, d, elem_size, block_m, block_n):
         bm, bn, warps, stages = 128, 128, 8, 2
     else:   # a [64, 256] fp32 accumulator already takes 64 registers a thread over 8 warps
         bm, bn, warps, stages = 64, 64, 8, 2
+    if elem_size == 4 and not interpreting():
+        # fp32 (ieee) products run on FMAs, fully unrolled: a 128 x 128 x 128 tile is 8192 FMAs
+        # a thread per dot, and ptxas took 12-19 s for each such kernel (H200, Triton 3.6). A
+        # 64 x 32 tile over 4 warps (32 x 32 from D > 128) keeps it at 16-8 FMAs per head-dim
+        # element: 4x less code, for a dtype whose speed nobody benchmarks. The interpreter keeps
+        # the larger tiles: there each program costs interpretation time, not compile time.
+        bm, bn, warps, stages = (64 if d <= 128 else 32), 32, 4, 2
     bm = block_m or min(bm, max(16, triton.next_power_of_2(max(seq_q, 1))))
     bn = block_n or min(bn, max(16, triton.next_power_of_2(max(seq_k, 1))))
     for name, v in (("block_m", bm), ("block_n", bn)):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Nightly fuzzing on a GPU in one device call: the random op tests under the nightly profile
 # (GPU-size shapes), in rounds with fresh seeds, for SECONDS (default 540: a call is limited to
-# 600 s), 16 xdist workers. Six files land in $OUT: findings.md, findings.json, audit.json.gz,
-# hypothesis-db.tar.gz (the example database), nightly.log, device.txt.
+# 600 s), 16 xdist workers, after the pinned catalogue under compute-sanitizer's memcheck. Eight
+# files land in $OUT: findings.md, findings.json, audit.json.gz, hypothesis-db.tar.gz (the example
+# database), nightly.log, device.txt, memcheck.json and memcheck.txt.
 #   OUT=/tmp/out bash scripts/gpu_nightly.sh [SECONDS] [extra pytest args, e.g. --op flash_attention]
 #   RESUME=results/nightly OUT=... bash scripts/gpu_nightly.sh   # a second call: appends to the first's findings
 #   (WORKERS, default 16; ROUND_SECONDS, default a third of SECONDS)
@@ -16,6 +17,24 @@ rm -rf /tmp/kernelcheck-nightly-rounds        # a warm machine may hold an earli
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
 python3 -c "import torch, triton, numpy, hypothesis, xdist; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'hypothesis', hypothesis.__version__, 'xdist', xdist.__version__)" | tee -a "$OUT/device.txt"
+# First the pinned catalogue of every op under compute-sanitizer's memcheck (harness/sanitize.py,
+# docs/memory-safety.md): its report is $OUT/memcheck.json, and the fuzzing gets what time is left.
+# MEMCHECK=0 skips it.
+memcheck_status=0
+if [ "${MEMCHECK:-1}" != 0 ]; then
+  start=$(date +%s)
+  python3 -m harness.sanitize --tool memcheck --out /tmp/kernelcheck-memcheck --jobs "${WORKERS:-16}" --timeout 240 \
+      2>&1 | tee "$OUT/memcheck.txt"
+  memcheck_status=${PIPESTATUS[0]}
+  python3 - "$OUT/memcheck.json" <<'PY'
+import json, sys
+report = json.load(open("/tmp/kernelcheck-memcheck/memcheck.json"))
+for shard in report["shards"]:
+    shard["tail"] = shard["tail"][-400:]      # the per-shard logs stay on the machine
+json.dump(report, open(sys.argv[1], "w"), indent=1)
+PY
+  BUDGET=$(( BUDGET - ($(date +%s) - start) ))
+fi
 args=(--seconds "$BUDGET" --out "$OUT" --work /tmp/kernelcheck-nightly-rounds --db /tmp/kernelcheck-nightly-db
       --workers "${WORKERS:-16}" --compress-audit)
 [ -n "${ROUND_SECONDS:-}" ] && args+=(--round-seconds "$ROUND_SECONDS")
@@ -32,4 +51,5 @@ for log in /tmp/kernelcheck-nightly-rounds/round*/pytest.log; do
   fi
 done
 ls -la "$OUT"
+[ "$memcheck_status" != 0 ] && [ "$status" = 0 ] && status=1     # a memcheck error is a finding too
 exit "$status"

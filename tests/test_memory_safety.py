@@ -148,12 +148,19 @@ def test_the_sanitizer_log_parser_reads_counts_kinds_and_kernels():
 =========     by thread (0,0,0) in block (0,0,0)
 ========= Uninitialized __global__ memory read of size 4 bytes
 =========     at _decode_combine_kernel+0x1a0
-========= ERROR SUMMARY: 2 errors
+========= Uninitialized __global__ memory read of size 2 bytes
+=========     at void at::native::vectorized_elementwise_kernel<4, F, A>(int, F, A)+0x30
+========= Uninitialized access to 0x7f1ca089e600 on access by cudaMemcpy source
+========= ERROR SUMMARY: 4 errors
 """
     r = sanitize.parse_log(log)
-    assert r["errors"] == 2 and r["kernels"] == {"_rmsnorm_kernel": 1, "_decode_combine_kernel": 1}
-    assert set(r["kinds"]) == {"Invalid __global__ write of size 2 bytes", "Uninitialized __global__ memory read of size 4 bytes"}
+    assert r["errors"] == 4 and r["ours"] == 2
+    assert r["kernels"] == {"_rmsnorm_kernel": 1, "_decode_combine_kernel": 1,
+                            "at::native::vectorized_elementwise_kernel<4, F, A>": 1, "API": 1}
+    assert "Uninitialized access to ADDR on access by cudaMemcpy source" in r["kinds"]
     assert sanitize.parse_log("========= ERROR SUMMARY: 0 errors\n")["errors"] == 0
+    race = "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+    assert sanitize.parse_log(race)["errors"] == 0
 
 
 def test_sanitizer_runs_turn_the_guard_and_the_caching_allocator_off():
