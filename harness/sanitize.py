@@ -54,10 +54,16 @@ def find_sanitizer() -> str | None:
     return None
 
 
-def environment() -> dict:
-    """The sanitizer runs' environment: no guard regions, no caching allocator."""
+def environment(caching_allocator: bool = False) -> dict:
+    """The sanitizer runs' environment: no guard regions, and no caching allocator unless asked
+    (CUDA graph capture needs it: cudaMalloc is not allowed while a stream captures; with it,
+    an access past a tensor that stays inside the allocator's segment goes unseen)."""
     env = dict(os.environ)
-    env.update(KERNELCHECK_MEMORY_GUARD="0", PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
+    env.update(KERNELCHECK_MEMORY_GUARD="0", PYTHONUNBUFFERED="1")
+    if caching_allocator:
+        env.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
+    else:
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     return env
 
 
@@ -113,10 +119,11 @@ def parse_log(text: str) -> dict:
     return {"errors": sum(counts) if counts else None, "ours": ours, "kinds": kinds, "kernels": kernels}
 
 
-def _run(cmd: list, log: Path, timeout: float) -> dict:
+def _run(cmd: list, log: Path, timeout: float, caching_allocator: bool = False) -> dict:
     t = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=ROOT, env=environment(caching_allocator), capture_output=True, text=True,
+                              timeout=timeout)
         rc, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
         rc, out = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -126,13 +133,14 @@ def _run(cmd: list, log: Path, timeout: float) -> dict:
     return {"rc": rc, "seconds": seconds, **parse_log(text), "tail": out[-2000:]}
 
 
-def run_selection(tool: str, out: Path, jobs: int, pytest_args: list, timeout: float) -> dict:
+def run_selection(tool: str, out: Path, jobs: int, pytest_args: list, timeout: float,
+                  caching_allocator: bool = False) -> dict:
     """The selection as `jobs` shards, each in its own sanitizer process."""
     def shard(i):
         log = out / f"{tool}-shard{i}of{jobs}.log"
         target = ["-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "--tb=line",
                   f"--shard={i}/{jobs}", *pytest_args]
-        return {"shard": f"{i}/{jobs}", **_run(command(tool, log, target), log, timeout)}
+        return {"shard": f"{i}/{jobs}", **_run(command(tool, log, target), log, timeout, caching_allocator)}
 
     t = time.perf_counter()
     with ThreadPoolExecutor(jobs) as pool:
@@ -145,7 +153,7 @@ def run_selection(tool: str, out: Path, jobs: int, pytest_args: list, timeout: f
     ours = sum(s["ours"] for s in shards)
     passed = re.compile(r"(\d+) passed")
     tests = sum(int(m) for s in shards for m in passed.findall(s["tail"]))
-    return {"tool": tool, "selection": pytest_args, "jobs": jobs, "wall_s": round(time.perf_counter() - t, 1),
+    return {"tool": tool, "selection": pytest_args, "jobs": jobs, "caching_allocator": caching_allocator, "wall_s": round(time.perf_counter() - t, 1),
             "tests_passed": tests, "errors": None if None in errors else sum(errors), "ours": ours,
             "kernels": kernels, "complete": all(s["rc"] != "timeout" and s["errors"] is not None for s in shards),
             "pytest_exit": [s["rc"] for s in shards], "shards": shards}
@@ -182,6 +190,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="shards run in parallel (default: cores)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per shard")
     ap.add_argument("--planted", action="store_true", help="run the planted memory bugs instead")
+    ap.add_argument("--caching-allocator", action="store_true",
+                    help="keep PyTorch's caching allocator (needed by CUDA graph capture; coarser bounds)")
     ap.add_argument("pytest_args", nargs="*", help=f"the selection (default: {' '.join(DEFAULT_SELECTION)})")
     args = ap.parse_args(argv)
     if find_sanitizer() is None:
@@ -197,7 +207,7 @@ def main(argv=None) -> int:
                   f"({', '.join(r['kinds']) or '-'}) {r['seconds']} s")
         return 0 if report["ok"] else 1
     report = run_selection(args.tool, args.out, max(1, args.jobs), args.pytest_args or DEFAULT_SELECTION,
-                           args.timeout)
+                           args.timeout, args.caching_allocator)
     (args.out / f"{args.tool}.json").write_text(json.dumps(report, indent=1))
     print(f"{args.tool}: {report['ours']} report(s) in the suite's kernels ({report['errors']} in all) over "
           f"{report['tests_passed']} passed tests, {report['jobs']} shards, {report['wall_s']} s"
