@@ -121,8 +121,12 @@ class Baseline:
     rows: dict                  # group key -> row
 
 
-def make_meta(backend_key: str, device: str, profile: str, versions: dict) -> dict:
-    return {"backend": backend_key, "device": device, "profile": profile, "versions": dict(versions)}
+def make_meta(backend_key: str, device: str, profile: str, versions: dict, impls: dict | None = None) -> dict:
+    """`impls`: op -> the name of the --impl implementation measured instead of the suite's kernel."""
+    meta = {"backend": backend_key, "device": device, "profile": profile, "versions": dict(versions)}
+    if impls:
+        meta["impls"] = dict(sorted(impls.items()))
+    return meta
 
 
 def dumps(meta: dict, rows: dict) -> str:
@@ -161,8 +165,15 @@ def load(path) -> Baseline:
     return Baseline(meta, rows)
 
 
-def refusal(meta: dict, backend_key: str, profile: str, path) -> str | None:
-    """Why a run on this backend and profile cannot be compared with this baseline, or None."""
+def refusal(meta: dict, backend_key: str, profile: str, path, impls: dict | None = None) -> str | None:
+    """Why a run on this backend and profile (checking these --impl implementations) cannot be
+    compared with this baseline, or None."""
+    if meta.get("impls", {}) != (impls or {}):
+        def say(d):
+            return ", ".join(f"{op}={name}" for op, name in sorted(d.items())) or "the suite's own kernels"
+        return (f"--baseline {path}: the baseline measured {say(meta.get('impls', {}))}; this run checks "
+                f"{say(impls or {})}: another implementation's errors do not compare, so the gate refuses to run. "
+                "Give a baseline of the same implementations, or write one: --baseline NEW_PATH --update-baseline")
     if meta.get("backend") == backend_key and meta.get("profile") == profile:
         return None
     return (f"--baseline {path}: the baseline was written on backend '{meta.get('backend')}' with Hypothesis "
@@ -172,7 +183,7 @@ def refusal(meta: dict, backend_key: str, profile: str, path) -> str | None:
 
 
 def load_for_gate(path, backend_key: str, profile: str, *, update: bool, filtered: bool,
-                  envelope: bool = False) -> Baseline | None:
+                  envelope: bool = False, impls: dict | None = None) -> Baseline | None:
     """The baseline a gate compares with, checked before anything runs. None when there is
     nothing to compare with but --update-baseline will write the file (missing; or unreadable,
     or of another backend or profile, and an unfiltered update replaces it whole). Raises
@@ -188,7 +199,7 @@ def load_for_gate(path, backend_key: str, profile: str, *, update: bool, filtere
         if update and not filtered:
             return None
         raise
-    why = refusal(base.meta, backend_key, profile, path)
+    why = refusal(base.meta, backend_key, profile, path, impls)
     if why is None and update and base.meta.get(ENVELOPE) and not envelope:
         raise BaselineError(f"--update-baseline {path}: the baseline is the worst of {len(base.meta[ENVELOPE])} BLAS "
                             "core types (meta.cpu_envelope); a run on one CPU would narrow it to that CPU's errors. "

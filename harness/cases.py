@@ -91,9 +91,11 @@ class Case:
         params = d.pop("params", {})
         return cls.make(**d, **params)
 
-    def replay_command(self, tolerances=None) -> str:
-        """The command that replays this case; `tolerances`: a budgets file other than the default."""
+    def replay_command(self, tolerances=None, impl=None) -> str:
+        """The command that replays this case; `tolerances`: a budgets file other than the default;
+        `impl`: the --impl that was checked instead of the suite's kernel."""
         extra = f" --tolerances {shlex.quote(str(tolerances))}" if tolerances else ""
+        extra += f" --impl {shlex.quote(impl)}" if impl else ""
         return f"python -m harness.replay '{self.to_json()}'{extra}"
 
     def generator(self) -> torch.Generator:

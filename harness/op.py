@@ -18,6 +18,12 @@ class Op:
     # choice. Tests draw among them so each code path is exercised explicitly.
     configs: dict = {"auto": {}}
 
+    @property
+    def launcher(self) -> str | None:
+        """The kernels.<launcher> that kernel() calls: what an --impl implementation stands in for
+        (harness/impls.py); None for an op that composes several kernels."""
+        return self.name
+
     def inputs(self, case: Case, device) -> dict:
         """Named tensors and scalars for the case; tensors on `device`."""
         raise NotImplementedError

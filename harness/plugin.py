@@ -21,8 +21,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from harness import (audit, backend as backends, baseline as baselines, blas, budgets as budget_file, gaps, gpus,
-                     phases,
-                     registry, shards, strategies)
+                     impls as implementations, phases, registry, shards, strategies)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,11 +89,18 @@ class State:
     gpu_plan: dict = field(default_factory=dict)    # worker id -> GPU token (the header's mapping)
     fuzz: dict = field(default_factory=dict)        # --fuzz-seed / --max-examples of a nightly run
     notes: list = field(default_factory=list)       # (test id, text) of every note a test left
+    impls: dict = field(default_factory=dict)       # op -> harness.impls.Implementation (--impl)
+    impl_not_run: Counter = field(default_factory=Counter)      # (op, reason) -> tests --impl left out
+    impl_unsupported: Counter = field(default_factory=Counter)  # (op, reason) -> checks it declared unsupported
+
+    def impl_names(self) -> dict:
+        return {op: impl.name for op, impl in self.impls.items()}
     timer: phases.PhaseTimer | None = None          # where each worker's time went (harness/phases.py)
 
 
 ITEM_PROPERTY = "kernelcheck-item"   # user_properties name: an op test's [op, dtype, config, values]
-NOTE_PROPERTY = "kernelcheck-note"   # user_properties name: a finding a test reports without failing
+NOTE_PROPERTY = "kernelcheck-note"
+UNSUPPORTED_PROPERTY = "kernelcheck-unsupported"   # a check an --impl declared unsupported: (op, reason)   # user_properties name: a finding a test reports without failing
 
 
 _STATE = pytest.StashKey[State]()
@@ -113,6 +119,10 @@ def pytest_addoption(parser):
     group.addoption("--dtype", action="append", default=[], metavar="DTYPE[,DTYPE]",
                     help="run only the checks in these dtypes (repeatable)")
     group.addoption("--audit-json", default=None, metavar="PATH", help="write every audit record to PATH")
+    group.addoption("--impl", action="append", default=[], metavar="OP=module:attr",
+                    help="check this implementation of OP instead of the suite's kernel (repeatable; also "
+                         "module:attr for a list of them, or the name of a kernelcheck.impls entry point): "
+                         "docs/plugins.md")
     group.addoption("--memory-guard", choices=("on", "off"),
                     default="off" if os.environ.get("KERNELCHECK_MEMORY_GUARD") == "0" else "on",
                     help="guard regions around every buffer a check hands a kernel (default on; "
@@ -152,7 +162,7 @@ def selection_filters(config) -> list:
     """What narrows this run to part of the suite: a baseline group outside a filtered run's
     selection is not reported as vanished."""
     opt = config.getoption
-    found = [name for name, dest in (("--op", "op"), ("--dtype", "dtype")) if _split(opt(dest))]
+    found = [name for name, dest in (("--op", "op"), ("--dtype", "dtype"), ("--impl", "impl")) if _split(opt(dest))]
     found += [name for name, dest in (("-k", "keyword"), ("-m", "markexpr"), ("--deselect", "deselect"),
                                       ("--ignore", "ignore"), ("--ignore-glob", "ignore_glob"), ("--lf", "lf"),
                                       ("--sw", "stepwise"), ("--collect-only", "collectonly"))
@@ -286,6 +296,11 @@ def pytest_configure(config):
         torch.set_num_threads(1)      # n workers x n threads would oversubscribe the cores
     st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config), shard=shard, fuzz=fuzz,
                timer=timer)
+    try:
+        st.impls = implementations.parse(config.getoption("impl"))
+    except implementations.ImplError as e:
+        raise pytest.UsageError(str(e)) from None
+    st.impl_not_run = _impl_not_run(st.impls, RANDOM_PARTS.get(profile, 1))
     if not worker:
         st.baseline = _load_baseline(config, st)
         if chosen.name == "gpu":
@@ -359,7 +374,8 @@ def _load_baseline(config, st: State):
         return None
     try:
         # (an unfiltered update may replace a missing, unreadable or other backend's file whole)
-        return baselines.load_for_gate(path, st.backend.key, st.profile, update=update, filtered=bool(st.filters))
+        return baselines.load_for_gate(path, st.backend.key, st.profile, update=update, filtered=bool(st.filters),
+                                       impls=st.impl_names())
     except baselines.BaselineError as e:
         raise pytest.UsageError(str(e)) from None
 
@@ -393,6 +409,23 @@ def item_meta(item) -> tuple:
     return op, params.get("dtype"), params.get("config"), None, None
 
 
+IMPL_TESTS = ("test_random", "test_pinned")     # what an --impl run runs: the op checks
+
+
+def _impl_not_run(impls: dict, parts: int) -> Counter:
+    """(op, reason) -> how many op tests (random parts and pinned cases) an --impl run leaves out."""
+    out = Counter()
+    for name, impl in impls.items():
+        op = registry.get(name)
+        for dtype in op.dtypes:
+            pinned = Counter(c.config for c in op.pinned(dtype))
+            for config in op.configs:
+                why = impl.not_run(dtype, config)
+                if why:
+                    out[(name, why)] += parts + pinned[config]
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
     s = state(config)
     want_ops, want_dtypes = set(_split(config.getoption("op"))), set(_split(config.getoption("dtype")))
@@ -402,6 +435,16 @@ def pytest_collection_modifyitems(config, items):
         if (want_ops and op not in want_ops) or (want_dtypes and dtype not in want_dtypes):
             drop.append(item)
             continue
+        if s.impls:
+            # --impl: the op checks of its ops alone (random and pinned cases); what it does not
+            # support is left out and counted, per reason, in the summary and the audit.
+            impl = s.impls.get(op)
+            if impl is None or getattr(item, "originalname", None) not in IMPL_TESTS:
+                drop.append(item)
+                continue
+            if impl.not_run(dtype, kconfig):
+                drop.append(item)
+                continue
         keep.append(item)
         if "check" in getattr(item, "fixturenames", ()):
             item.add_marker("audited")
@@ -409,6 +452,8 @@ def pytest_collection_modifyitems(config, items):
             # travels with every report, to the xdist controller too: what --baseline counts as selected
             item.user_properties.append((ITEM_PROPERTY, json.dumps([op, dtype, kconfig, values])))
             gap = gaps.find(s.backend.name, op, dtype, kconfig, s.backend.versions, values, case_params)
+            if gap is not None and s.impls and not s.impls[op].triton:
+                gap = None          # a gap of Triton's backend; this implementation does not run through Triton
             if gap is not None:
                 item.add_marker(pytest.mark.xfail(strict=True, reason=gap.marker_reason()))
     if drop:
@@ -490,7 +535,11 @@ def check(request, record_property):
 
     def run(case):
         try:
-            outcome = run_case(case, s.backend, s.budgets)
+            outcome = run_case(case, s.backend, s.budgets, s.impls.get(case.op))
+        except implementations.Unsupported as why:
+            # declared by the implementation: not judged, counted (the summary and the audit say so)
+            record_property(UNSUPPORTED_PROPERTY, json.dumps([case.op, str(why)]))
+            return None
         except Exception as e:
             # An exception instead of a result (a launcher's error, a crash) still names its case.
             if not any("harness.replay" in note for note in getattr(e, "__notes__", ())):
@@ -567,7 +616,11 @@ class Recorder:
                 rec["gap"] = gap          # a declared gap's records are kept, but not judged
             s.records.extend(recs)
             s.notes += [(report.nodeid, v) for name, v in report.user_properties if name == NOTE_PROPERTY]
-            if report.passed and "audited" in report.keywords and not recs and not wasxfail:
+            for name, v in report.user_properties:
+                if name == UNSUPPORTED_PROPERTY:
+                    s.impl_unsupported[tuple(json.loads(v))] += 1
+            declared = any(name == UNSUPPORTED_PROPERTY for name, _ in report.user_properties)
+            if report.passed and "audited" in report.keywords and not recs and not wasxfail and not declared:
                 s.unaudited.append(report.nodeid)
         if self.junit:
             # JUnit XML: readable per-case properties instead of the records' JSON transport.
@@ -631,6 +684,9 @@ class Recorder:
                     "selection": {"filters": s.filters, "stopped": stopped,
                                   "ran": sorted((list(t) for t in s.ran), key=lambda t: tuple(map(str, t)))},
                     "notes": [{"test": t, "note": n} for t, n in sorted(s.notes)],
+                    "impls": {op: {"name": i.name, "spec": i.spec} for op, i in sorted(s.impls.items())},
+                    "impl_not_run": [[op, why, n] for (op, why), n in sorted(s.impl_not_run.items())],
+                    "impl_unsupported": [[op, why, n] for (op, why), n in sorted(s.impl_unsupported.items())],
                     # NumPy's BLAS kernels: the interpreter's tl.dot, whose rounding depends on them
                     "blas": blas.info()}
             if s.shard:
@@ -659,7 +715,7 @@ class Recorder:
                       f"shards' audits: python -m harness.merge_audits SHARD_AUDITS... --baseline {path}",
                       f"(checked at the start: {path} is of this backend and profile)"]
             return
-        meta = baselines.make_meta(s.backend.key, s.backend.description, s.profile, s.backend.versions)
+        meta = baselines.make_meta(s.backend.key, s.backend.description, s.profile, s.backend.versions, s.impl_names())
         s.gate, session.exitstatus = baselines.gate(
             s.baseline, path, s.records, s.ran, filters=s.filters, stopped=stopped, exitstatus=session.exitstatus,
             growth=s.budgets.growth, floor=s.budgets.floor, meta=meta, update=update,
@@ -695,6 +751,12 @@ class Recorder:
             tr.write_line(f"shard {info['index']}/{info['count']}: {info.get('selected', '?')} of the "
                           f"{info.get('collected', '?')} selected tests; merge the {info['count']} shards' audits "
                           "with python -m harness.merge_audits")
+        for op, impl in sorted(s.impls.items()):
+            tr.write_line(f"{op}: implementation {impl.name} (--impl {impl.spec}) checked instead of the suite's kernel")
+        for (op, why), n in sorted(s.impl_not_run.items()):
+            tr.write_line(f"  {op}: {n} test(s) not run: {why} (declared by the implementation)")
+        for (op, why), n in sorted(s.impl_unsupported.items()):
+            tr.write_line(f"  {op}: {n} check(s) not judged: {why} (declared unsupported by the implementation)")
         if s.notes:
             tr.write_line(f"notes ({len(s.notes)}, neither passed nor failed):")
             for test, text in sorted(s.notes):

@@ -19,6 +19,7 @@ def main(argv=None) -> int:
     parser.add_argument("case", help="the case as JSON, as printed in a failure message")
     parser.add_argument("--backend", default="auto", choices=backends.BACKENDS)
     parser.add_argument("--tolerances", default=str(ROOT / "tolerances.toml"))
+    parser.add_argument("--impl", default=None, help="the implementation checked instead of the kernel (as given to pytest)")
     args = parser.parse_args(argv)
 
     chosen = backends.select(args.backend)
@@ -28,7 +29,13 @@ def main(argv=None) -> int:
     from harness.run import describe, run_case
 
     case = Case.from_json(args.case)
-    outcome = run_case(case, chosen, budget_file.load(args.tolerances))
+    impl = None
+    if args.impl:
+        from harness import impls
+        impl = impls.parse([args.impl]).get(case.op)
+        if impl is None:
+            parser.error(f"--impl {args.impl}: no implementation of {case.op}")
+    outcome = run_case(case, chosen, budget_file.load(args.tolerances), impl)
     print(f"{case.id} on {chosen.key}")
     for c in outcome.checks:
         if c.passed:

@@ -22,9 +22,10 @@ class Outcome:
     checks: list
     layouts: dict = field(default_factory=dict)  # input name -> (shape, strides, storage offset)
     tolerances: str | None = None                # the budgets file, when not the default one
+    impl: str | None = None                      # the --impl that was checked, when not the suite's kernel
 
     def replay_command(self) -> str:
-        return self.case.replay_command(self.tolerances)
+        return self.case.replay_command(self.tolerances, self.impl)
 
     @property
     def passed(self) -> bool:
@@ -59,9 +60,16 @@ def _sync(backend: Backend, case: Case, stage: str) -> None:
         raise
 
 
-def run_case(case: Case, backend: Backend, budgets: Budgets) -> Outcome:
+def run_case(case: Case, backend: Backend, budgets: Budgets, impl=None) -> Outcome:
+    """`impl`: an harness.impls.Implementation to check instead of the suite's kernel; raises
+    impls.Unsupported when it declares the case unsupported."""
     global _last_case
     op = registry.get(case.op)
+    if impl is not None:
+        from harness import impls
+        why = impl.not_run(case.dtype, case.config) or (impl.unsupported(case) if impl.unsupported else None)
+        if why:
+            raise impls.Unsupported(why)
     if case.dtype not in op.dtypes:
         raise ValueError(f"{case.op} is not checked in {case.dtype}")
     if case.config not in op.configs:
@@ -77,7 +85,7 @@ def run_case(case: Case, backend: Backend, budgets: Budgets) -> Outcome:
     out = {name: guard.output(name, shape, op.output_dtype(name, case), backend.device)
            for name, shape in op.output_shapes(inputs).items()}
     lap("inputs")
-    with guard.launcher_allocations():
+    with guard.launcher_allocations(), _installed(impl):
         got = op.kernel(inputs, out, **op.configs[case.config])
     _sync(backend, case, "kernel")
     memory = guard.verify()
@@ -92,7 +100,15 @@ def run_case(case: Case, backend: Backend, budgets: Budgets) -> Outcome:
     checks = [compare(name, g, e, budget, r, sc) for name, g, e, r, sc in zip(op.outputs, got, expected, ref, scales)]
     checks += [memory_check(problem) for problem in memory]
     lap("compare")
-    return Outcome(case, budget, backend, checks, layouts, tolerances_option(budgets))
+    return Outcome(case, budget, backend, checks, layouts, tolerances_option(budgets), impl.spec if impl else None)
+
+
+def _installed(impl):
+    if impl is None:
+        import contextlib
+        return contextlib.nullcontext()
+    from harness import impls
+    return impls.installed(impl)
 
 
 MEMORY = "memory"     # the output name of a memory guard's failed check
@@ -122,7 +138,8 @@ def describe(outcome: Outcome, check: Check) -> str:
     if check.output == MEMORY:
         return "\n".join([f"{case.op} {case.dtype} FAILED on {outcome.backend.key}: {check.problem}",
                           f"  case     {case.id}", f"  replay   {outcome.replay_command()}"])
-    lines = [f"{case.op} {case.dtype} output '{check.output}' FAILED on {outcome.backend.key}: {check.problem}",
+    who = f" (implementation {outcome.impl})" if outcome.impl else ""
+    lines = [f"{case.op} {case.dtype} output '{check.output}'{who} FAILED on {outcome.backend.key}: {check.problem}",
              f"  case     {case.id}"]
     for name, (shape, strides, offset) in outcome.layouts.items():
         lines.append(f"  input    {name}: shape {shape} strides {strides} storage offset {offset}")

@@ -129,6 +129,7 @@ def judge_greedy(got: list, want: list, want_logits: list, allowed: list) -> tup
 
 class Decoder(Op):
     name = "decoder"
+    launcher = None
     outputs = ("prefill", "decode")
 
     def inputs(self, case, device):

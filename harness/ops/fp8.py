@@ -303,6 +303,7 @@ class FP8MatmulFastAccum(FP8Matmul):
     reduced-precision accumulation then runs over all of K (on a GPU; the interpreter sums in
     fp32 either way)."""
     name = "fp8_matmul_fast_accum"
+    launcher = "fp8_matmul"
 
     def kernel(self, inp, out, **config):
         return (kernels.fp8_matmul(*self._args(inp), out=out["y"], fast_accum=True, **config),)
