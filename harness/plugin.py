@@ -162,7 +162,7 @@ def selection_filters(config) -> list:
     """What narrows this run to part of the suite: a baseline group outside a filtered run's
     selection is not reported as vanished."""
     opt = config.getoption
-    found = [name for name, dest in (("--op", "op"), ("--dtype", "dtype"), ("--impl", "impl")) if _split(opt(dest))]
+    found = [name for name, dest in (("--op", "op"), ("--dtype", "dtype"), ("--impl", "impl")) if _split(opt(dest) or [])]
     found += [name for name, dest in (("-k", "keyword"), ("-m", "markexpr"), ("--deselect", "deselect"),
                                       ("--ignore", "ignore"), ("--ignore-glob", "ignore_glob"), ("--lf", "lf"),
                                       ("--sw", "stepwise"), ("--collect-only", "collectonly"))

@@ -148,7 +148,7 @@ def test_an_exception_in_a_case_carries_its_replay_line(request, monkeypatch):
     import harness.run
     from harness.cases import Case
 
-    def explode(case, backend, budgets):
+    def explode(case, backend, budgets, impl=None):
         raise RuntimeError("the kernel exploded")
 
     monkeypatch.setattr(harness.run, "run_case", explode)
