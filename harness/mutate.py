@@ -8,7 +8,7 @@
 Each mutant (harness/mutants.py: one small change in a @triton.jit body) is written into a
 private copy of the tree, and the tests of every op that runs the mutated function
 (`pytest tests/ --op OP -x`, the backend's own Hypothesis profile, gated against the backend's
-baseline) run there, one op at a time. Per (mutant, op) the verdict is:
+baseline; tests/mutant_plugin.py orders and reports) run there, one op at a time. Per (mutant, op) the verdict is:
 
     killed     a test failed (the first failing test is named)
     gate       every test passed, but the baseline gate failed (exit 6): an error grew
@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import mutants as mutant_source
-from harness.mutate_hooks import REPORT_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENTS = "results/mutation/equivalent.toml"
@@ -93,7 +92,7 @@ class Result:
 
 def classify(returncode: int | None, timed_out: bool, report: dict | None) -> tuple[str, str | None, str]:
     """(status, first failing test, detail) of one mutant run from pytest's exit status and the
-    report harness/mutate_hooks.py wrote."""
+    report tests/mutant_plugin.py wrote."""
     failure = (report or {}).get("first_failure")
     if timed_out:
         return TIMEOUT, None, ""
@@ -159,9 +158,10 @@ def snapshot(root: Path, dest: Path) -> Path:
     return dest
 
 
-def pytest_command(op: str, backend: str, baseline: str | None) -> list[str]:
+def pytest_command(op: str, backend: str, baseline: str | None, report: str) -> list[str]:
+    # tests/mutant_plugin.py: its docstring says why it is no module of harness/
     cmd = [sys.executable, "-m", "pytest", "tests/", "--op", op, "--backend", backend, "-x", "-q",
-           "-p", "no:cacheprovider", "-p", "harness.mutate_hooks"]
+           "-p", "no:cacheprovider", "-p", "mutant_plugin", "--mutant-report", report]
     if baseline:
         cmd += ["--baseline", baseline]
     return cmd
@@ -170,13 +170,14 @@ def pytest_command(op: str, backend: str, baseline: str | None) -> list[str]:
 def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: float) -> Run:
     """Run one op's tests in `tree`; its own session, so a timeout kills the whole group."""
     report_path = tree / ".mutant-report.json"
-    env = dict(os.environ, **{REPORT_ENV: str(report_path)})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "tests")] + (
+        [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     if backend == "gpu":
         env.pop("TRITON_INTERPRET", None)
     start = time.monotonic()
     with open(tree / ".mutant-log.txt", "wb") as log:
-        proc = subprocess.Popen(pytest_command(op, backend, baseline), cwd=tree, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(pytest_command(op, backend, baseline, str(report_path)), cwd=tree, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             returncode, timed_out = proc.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:

@@ -1,14 +1,33 @@
-"""kernelcheck-mutate (harness/mutants.py, harness/mutate.py): enumeration, stable ids, the text
-edits, the equivalents file and the verdicts. No kernel runs: the runs are faked."""
+"""kernelcheck-mutate (harness/mutants.py, harness/tool.mutate.py): enumeration, stable ids, the text
+edits, the equivalents file and the verdicts. No kernel runs: the runs are faked.
+
+The tool's modules are imported by the `tool` fixture and dropped from sys.modules again after
+this file's tests: Hypothesis draws the suite's derandomized cases partly from the literals of
+every local module in sys.modules, so left loaded (or imported here at collection) they would
+change every op's random cases, in this process and in every run that collects this file.
+"""
 import ast
+import importlib
 import json
+import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from harness import mutate, mutate_hooks, mutants
-from harness.mutants import enumerate_mutants, ops_using
+TOOL_MODULES = ("harness.mutants", "harness.mutate")
+
+
+@pytest.fixture(scope="module")
+def tool():
+    loaded = [name for name in TOOL_MODULES if name in sys.modules]
+    assert not loaded, f"{loaded} were imported outside this file's tests"
+    ns = SimpleNamespace(**{name.split(".")[1]: importlib.import_module(name) for name in TOOL_MODULES})
+    yield ns
+    for name in TOOL_MODULES:
+        sys.modules.pop(name, None)
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SOFTMAX = ROOT / "kernels" / "softmax.py"
@@ -92,22 +111,23 @@ def _changed_lines(source: bytes, mutant) -> tuple[list, list]:
     return [old[i].strip() for i in diff], [new[i].strip() for i in diff]
 
 
-def test_every_kind_produces_the_expected_source(toy):
+def test_every_kind_produces_the_expected_source(tool, toy):
     source = toy.read_bytes()
-    found = enumerate_mutants(toy, root=toy.parent)
+    found = tool.mutants.enumerate_mutants(toy, root=toy.parent)
     assert {m.function for m in found} == {"helper", "kern"}       # never the launcher
     made = {(m.kind, *map(tuple, _changed_lines(source, m))) for m in found}
     for kind, before, after in EXPECTED:
         assert (kind, (before,), (after,)) in made, f"{kind}: {before} -> {after}"
-    assert {m.kind for m in found} == set(mutants.KINDS)
+    assert {m.kind for m in found} == set(tool.mutants.KINDS)
     where = next(m for m in found if m.kind == "where-swap")
-    assert where.change == "tl.where(x > 0, tl.exp(x), tl.minimum(x, 1.0)) -> tl.where(x > 0, tl.minimum(x, 1.0), tl.exp(x))"
+    assert where.change == ("tl.where(x > 0, tl.exp(x), tl.minimum(x, 1.0)) -> "
+                            "tl.where(x > 0, tl.minimum(x, 1.0), tl.exp(x))")
     assert where.line == 16
 
 
-def test_the_rest_of_the_file_is_byte_identical():
+def test_the_rest_of_the_file_is_byte_identical(tool):
     source = SOFTMAX.read_bytes()
-    found = enumerate_mutants(SOFTMAX)
+    found = tool.mutants.enumerate_mutants(SOFTMAX)
     assert len(found) > 50
     for m in found:
         mutated = m.apply(source)
@@ -119,102 +139,103 @@ def test_the_rest_of_the_file_is_byte_identical():
         ast.parse(mutated)                          # every mutant is still Python
 
 
-def test_enumeration_is_deterministic_and_ids_unique():
-    a, b = enumerate_mutants(SOFTMAX), enumerate_mutants(SOFTMAX)
+def test_enumeration_is_deterministic_and_ids_unique(tool):
+    a, b = tool.mutants.enumerate_mutants(SOFTMAX), tool.mutants.enumerate_mutants(SOFTMAX)
     assert a == b
     assert len({m.id for m in a}) == len(a)
 
 
-def test_ids_survive_unrelated_edits():
+def test_ids_survive_unrelated_edits(tool):
     source = SOFTMAX.read_text()
-    before = {m.id: m for m in enumerate_mutants(SOFTMAX)}
+    before = {m.id: m for m in tool.mutants.enumerate_mutants(SOFTMAX)}
     # Lines added above the kernel, a comment and a blank line inside it, the launcher edited.
     edited = source.replace("_LOG2E = 1.4426950408889634", "_LOG2E = 1.4426950408889634\n\n\ndef unrelated():\n"
                                                            "    return 1 + 2\n", 1)
     edited = edited.replace("    cols = tl.arange(0, BLOCK_N)\n", "    # a new comment\n\n    cols = tl.arange(0, BLOCK_N)\n")
     edited = edited.replace('raise TypeError(f"causal: expected a bool', 'raise TypeError(f"causal: must be a bool')
-    after = {m.id: m for m in enumerate_mutants(SOFTMAX, source=edited.encode())}
+    after = {m.id: m for m in tool.mutants.enumerate_mutants(SOFTMAX, source=edited.encode())}
     assert set(after) == set(before)
     assert all(after[i].line > before[i].line for i in before)
     # Editing one statement changes the ids of that statement's mutants only.
     edited = source.replace("nothing_visible = (last < 0)[:, None]", "nothing_visible = (last < -1)[:, None]")
-    after = {m.id for m in enumerate_mutants(SOFTMAX, source=edited.encode())}
+    after = {m.id for m in tool.mutants.enumerate_mutants(SOFTMAX, source=edited.encode())}
     gone = {i for i in set(before) - after}
     assert gone and all(before[i].line == 40 for i in gone)
 
 
-def test_identical_mutants_in_one_function_get_distinct_ids():
-    found = [m for m in enumerate_mutants(SOFTMAX) if m.change == "x - row_max -> x + row_max"]
+def test_identical_mutants_in_one_function_get_distinct_ids(tool):
+    found = [m for m in tool.mutants.enumerate_mutants(SOFTMAX) if m.change == "x - row_max -> x + row_max"]
     assert len(found) == 2 and found[0].id != found[1].id
 
 
-def test_ops_of_a_kernel_file_and_of_the_shared_helpers():
-    assert ops_using("kernels/softmax.py", "_softmax_kernel") == ["softmax"]
-    shared = ops_using("kernels/_device.py", "load_tile")
+def test_ops_of_a_kernel_file_and_of_the_shared_helpers(tool):
+    assert tool.mutants.ops_using("kernels/softmax.py", "_softmax_kernel") == ["softmax"]
+    shared = tool.mutants.ops_using("kernels/_device.py", "load_tile")
     assert {"softmax", "rmsnorm", "layernorm", "add_rmsnorm"} <= set(shared)
     assert "matmul" not in shared
-    assert "decoder" in ops_using("kernels/norms.py", "_rmsnorm_kernel")     # models/ call kernels.rmsnorm
+    assert "decoder" in tool.mutants.ops_using("kernels/norms.py", "_rmsnorm_kernel")   # models/ calls kernels.rmsnorm
 
 
 @pytest.mark.parametrize("returncode,timed_out,failure,status", [
-    (0, False, None, mutate.SURVIVED),
+    (0, False, None, "survived"),
     (1, False, {"test": "t::a", "exception": "AssertionError", "message": "m", "refused_by_triton": False},
-     mutate.KILLED),
+     "killed"),
     (1, False, {"test": "t::a", "exception": "ValueError", "message": "m", "refused_by_triton": True},
-     mutate.INVALID),
-    (6, False, None, mutate.GATE),
-    (None, True, None, mutate.TIMEOUT),
-    (-9, True, None, mutate.TIMEOUT),
-    (4, False, None, mutate.CRASHED),
-    (-11, False, None, mutate.CRASHED),
+     "invalid"),
+    (6, False, None, "gate"),
+    (None, True, None, "timeout"),
+    (-9, True, None, "timeout"),
+    (4, False, None, "crashed"),
+    (-11, False, None, "crashed"),
 ])
-def test_classification_of_pytest_exits(returncode, timed_out, failure, status):
-    got, killer, _ = mutate.classify(returncode, timed_out, {"first_failure": failure} if failure else None)
+def test_classification_of_pytest_exits(tool, returncode, timed_out, failure, status):
+    got, killer, _ = tool.mutate.classify(returncode, timed_out, {"first_failure": failure} if failure else None)
     assert got == status
     assert killer == (failure["test"] if failure else None)
 
 
-def test_verdict_of_a_mutant_over_several_ops():
-    assert mutate.combine([mutate.SURVIVED, mutate.KILLED]) == mutate.KILLED
-    assert mutate.combine([mutate.TIMEOUT, mutate.GATE]) == mutate.GATE
-    assert mutate.combine([mutate.KILLED, mutate.INVALID]) == mutate.INVALID
-    assert mutate.combine([mutate.SURVIVED, mutate.SURVIVED]) == mutate.SURVIVED
+def test_verdict_of_a_mutant_over_several_ops(tool):
+    assert tool.mutate.combine([tool.mutate.SURVIVED, tool.mutate.KILLED]) == tool.mutate.KILLED
+    assert tool.mutate.combine([tool.mutate.TIMEOUT, tool.mutate.GATE]) == tool.mutate.GATE
+    assert tool.mutate.combine([tool.mutate.KILLED, tool.mutate.INVALID]) == tool.mutate.INVALID
+    assert tool.mutate.combine([tool.mutate.SURVIVED, tool.mutate.SURVIVED]) == tool.mutate.SURVIVED
 
 
-def test_triton_refusals_are_told_from_kills():
+def test_triton_refusals_are_told_from_kills(tool):
     import triton.language as tl
     with pytest.raises(Exception) as refused:
         tl.arange(0, 3)                        # outside a kernel: Triton's frontend raises
-    assert mutate_hooks.refused_by_triton(refused.value)
+    from mutant_plugin import refused_by_triton       # tests/mutant_plugin.py
+    assert refused_by_triton(refused.value)
     with pytest.raises(AssertionError) as failed:
         assert 1 == 2
-    assert not mutate_hooks.refused_by_triton(failed.value)
+    assert not refused_by_triton(failed.value)
 
 
 class _Runs:
     """A fake run_mutant: every op passes except where told; records what ran."""
 
-    def __init__(self, statuses=None):
-        self.statuses, self.ran = statuses or {}, []
+    def __init__(self, mutate, statuses=None):
+        self.mutate, self.statuses, self.ran = mutate, statuses or {}, []
 
     def __call__(self, template, work, mutant, source, op, backend, baseline, timeout):
         self.ran.append(mutant.id if mutant else None)
-        status = self.statuses.get(mutant.id if mutant else None, mutate.SURVIVED)
-        return mutate.Run(op, status, 0.1, "tests/test_ops.py::test_pinned[x]" if status == mutate.KILLED else None)
+        status = self.statuses.get(mutant.id if mutant else None, "survived")
+        return self.mutate.Run(op, status, 0.1, "tests/test_ops.py::test_pinned[x]" if status == "killed" else None)
 
 
-def test_equivalents_are_honoured_and_only_new_survivors_listed(tmp_path, monkeypatch, capsys):
-    ids = [m.id for m in enumerate_mutants(SOFTMAX)[:3]]
+def test_equivalents_are_honoured_and_only_new_survivors_listed(tool, tmp_path, monkeypatch, capsys):
+    ids = [m.id for m in tool.mutants.enumerate_mutants(SOFTMAX)[:3]]
     equivalents = tmp_path / "equivalent.toml"
     equivalents.write_text(f'[{ids[0]}]\nfile = "kernels/softmax.py"\nreason = "it changes nothing"\n\n'
                            f'[0000000000]\nfile = "kernels/softmax.py"\nreason = "a mutant that is gone"\n')
-    runs = _Runs({ids[1]: mutate.KILLED})
-    monkeypatch.setattr(mutate, "run_mutant", runs)
+    runs = _Runs(tool.mutate, {ids[1]: "killed"})
+    monkeypatch.setattr(tool.mutate, "run_mutant", runs)
     out = tmp_path / "report.json"
     argv = ["kernels/softmax.py", *[a for i in ids for a in ("--only", i)], "--jobs", "1",
             "--equivalents", str(equivalents), "--json", str(out)]
     monkeypatch.chdir(ROOT)
-    assert mutate.main(argv) == 0
+    assert tool.mutate.main(argv) == 0
     text = capsys.readouterr().out
     report = json.loads(out.read_text())
     status = {m["id"]: m["status"] for m in report["mutants"]}
@@ -231,24 +252,24 @@ def test_equivalents_are_honoured_and_only_new_survivors_listed(tmp_path, monkey
     assert set(killed) >= {"file", "function", "line", "before", "after", "kind"}
 
     # --list marks it; a reason is required
-    assert mutate.main(["kernels/softmax.py", "--list", "--equivalents", str(equivalents)]) == 0
+    assert tool.mutate.main(["kernels/softmax.py", "--list", "--equivalents", str(equivalents)]) == 0
     assert f"{ids[0]}" in next(line for line in capsys.readouterr().out.splitlines() if "[equivalent]" in line)
     equivalents.write_text(f"[{ids[0]}]\nfile = 'kernels/softmax.py'\n")
-    assert mutate.main(["kernels/softmax.py", "--list", "--equivalents", str(equivalents)]) == mutate.EXIT_USAGE
+    assert tool.mutate.main(["kernels/softmax.py", "--list", "--equivalents", str(equivalents)]) == 2
 
 
-def test_a_red_unmutated_tree_stops_the_run(monkeypatch, capsys):
-    monkeypatch.setattr(mutate, "run_mutant", _Runs({None: mutate.KILLED}))
+def test_a_red_unmutated_tree_stops_the_run(tool, monkeypatch, capsys):
+    monkeypatch.setattr(tool.mutate, "run_mutant", _Runs(tool.mutate, {None: "killed"}))
     monkeypatch.chdir(ROOT)
-    first = enumerate_mutants(SOFTMAX)[0].id
-    assert mutate.main(["kernels/softmax.py", "--only", first, "--jobs", "1"]) == mutate.EXIT_RED
+    first = tool.mutants.enumerate_mutants(SOFTMAX)[0].id
+    assert tool.mutate.main(["kernels/softmax.py", "--only", first, "--jobs", "1"]) == tool.mutate.EXIT_RED
 
 
-def test_sample_and_op_selection(monkeypatch, capsys):
+def test_sample_and_op_selection(tool, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
 
     def listed(*argv):
-        assert mutate.main(["--list", *argv]) == 0
+        assert tool.mutate.main(["--list", *argv]) == 0
         return [line.split()[0] for line in capsys.readouterr().out.splitlines()]
 
     every = listed("kernels/softmax.py")
@@ -256,6 +277,16 @@ def test_sample_and_op_selection(monkeypatch, capsys):
     assert len(sample) == 5 and set(sample) <= set(every) and sample == [i for i in every if i in sample]
     assert sample == listed("kernels/softmax.py", "--sample", "5", "--seed", "3")
     helpers = listed("kernels/_device.py", "--op", "softmax")
-    functions = {m.id: m.function for m in enumerate_mutants(ROOT / "kernels" / "_device.py")}
+    functions = {m.id: m.function for m in tool.mutants.enumerate_mutants(ROOT / "kernels" / "_device.py")}
     assert {functions[i] for i in helpers} == {"row_offsets", "load_tile"}
-    assert mutate.main(["kernels/softmax.py", "--list", "--op", "nope"]) == mutate.EXIT_USAGE
+    assert tool.mutate.main(["kernels/softmax.py", "--list", "--op", "nope"]) == tool.mutate.EXIT_USAGE
+
+
+def test_the_mutant_plugin_adds_no_literals_to_hypothesis_draws():
+    """tests/mutant_plugin.py must stay where Hypothesis takes no constants from (a tests
+    directory): loaded into every mutant's run, it would otherwise change the cases drawn."""
+    constants_ast = pytest.importorskip("hypothesis.internal.constants_ast")
+    plugin = ROOT / "tests" / "mutant_plugin.py"
+    assert plugin.is_file()
+    assert not constants_ast.is_local_module_file(str(plugin))
+    assert constants_ast.is_local_module_file(str(ROOT / "harness" / "mutate.py"))   # hence the `tool` fixture

@@ -1,4 +1,11 @@
-"""pytest plugin for the run of one mutant (harness/mutate.py loads it with `-p harness.mutate_hooks`).
+"""pytest plugin for the run of one mutant: harness/mutate.py runs pytest with `-p mutant_plugin
+--mutant-report PATH` and this directory on PYTHONPATH.
+
+It lives among the tests, not in harness/, for Hypothesis's sake: its derandomized draws pick
+among the literals of every *local* module loaded (hypothesis.internal.constants_ast), and it
+leaves test directories out. A plugin module in harness/ would add its literals, and every op's
+random cases would differ from a plain run's: the mutants would be judged on other cases than
+the suite's, and against a baseline of other cases.
 
 - It refuses to run unless the code under test is the mutant's private tree (the run's root
   directory): an installed copy of the package found first would test the unmutated kernels.
@@ -8,18 +15,15 @@
 - The pinned catalogue runs first and the random tests last: the catalogue's edge cases kill
   most mutants in its first few tests, and with -x the run stops there.
 - It writes the first failure (test id, exception, and whether Triton itself refused the
-  program, an invalid mutant rather than a kill) as JSON to $KERNELCHECK_MUTANT_REPORT.
+  program, an invalid mutant rather than a kill) as JSON to --mutant-report PATH.
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
-
-REPORT_ENV = "KERNELCHECK_MUTANT_REPORT"
 
 _first_failure: dict | None = None
 _counts = {"passed": 0, "failed": 0}
@@ -27,6 +31,11 @@ _counts = {"passed": 0, "failed": 0}
 
 def _under(path: str | None, root: Path) -> bool:
     return path is not None and Path(path).resolve().is_relative_to(root)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--mutant-report", default=None, metavar="PATH",
+                     help="kernelcheck-mutate: write this run's first failure as JSON to PATH")
 
 
 @pytest.hookimpl(trylast=True)
@@ -113,7 +122,7 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
-    path = os.environ.get(REPORT_ENV)
+    path = session.config.getoption("mutant_report")
     if not path:
         return
     Path(path).write_text(json.dumps({"exitstatus": int(session.exitstatus), "first_failure": _first_failure,
