@@ -167,6 +167,25 @@ def pytest_command(op: str, backend: str, baseline: str | None, report: str) -> 
     return cmd
 
 
+_live: set = set()               # the pytest processes running now (killed if the run is interrupted)
+_live_lock = threading.Lock()
+_stopping = threading.Event()    # set on interruption: start no more runs
+
+
+def _kill_live():
+    with _live_lock:
+        _stopping.set()
+        for proc in _live:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: float) -> Run:
     """Run one op's tests in `tree`; its own session, so a timeout kills the whole group."""
     report_path = tree / ".mutant-report.json"
@@ -176,13 +195,20 @@ def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: f
         env.pop("TRITON_INTERPRET", None)
     start = time.monotonic()
     with open(tree / ".mutant-log.txt", "wb") as log:
-        proc = subprocess.Popen(pytest_command(op, backend, baseline, str(report_path)), cwd=tree, env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with _live_lock:
+            if _stopping.is_set():
+                return Run(op, CRASHED, 0.0, None, "interrupted before it started")
+            proc = subprocess.Popen(pytest_command(op, backend, baseline, str(report_path)), cwd=tree, env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            _live.add(proc)
         try:
             returncode, timed_out = proc.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             returncode, timed_out = proc.wait(), True
+        finally:
+            with _live_lock:
+                _live.discard(proc)
     seconds = time.monotonic() - start
     report = json.loads(report_path.read_text()) if report_path.is_file() else None
     status, killer, detail = classify(returncode, timed_out, report)
@@ -360,6 +386,14 @@ def select(args, root: Path) -> tuple[list[Path], list[Result]]:
 
 
 def main(argv=None) -> int:
+    try:
+        return run_command(argv)
+    except KeyboardInterrupt:
+        print("kernelcheck-mutate: interrupted; the running mutants were killed", file=sys.stderr)
+        return 130
+
+
+def run_command(argv=None) -> int:
     args = parse_args(argv)
     root = Path(args.root).resolve()
     try:
@@ -401,39 +435,46 @@ def main(argv=None) -> int:
           f"{baseline or 'none'}, {args.jobs} job(s)", flush=True)
 
     work = Path(tempfile.mkdtemp(prefix="kernelcheck-mutate-"))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
+    # SIGTERM (a CI job cancelled) takes the same way out as Ctrl-C: the runs are killed too.
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         template = snapshot(root, work / "template")
         sources = {f: (template / f).read_bytes() for f in rel_files}
-        lock, done = threading.Lock(), [0]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            # The unmutated tree first: every op's tests must pass there, and take how long?
-            clean = {op: pool.submit(run_mutant, template, work, None, None, op, args.backend, baseline, 3600)
-                     for op in ops}
-            timeouts = {}
-            for op, future in clean.items():
-                run = future.result()
-                print(f"unmutated tree, {op}: {run.status} in {run.seconds:.1f} s", flush=True)
-                if run.status != SURVIVED:
-                    print(f"kernelcheck-mutate: the unmutated tree fails {op}'s tests ({run.status}: "
-                          f"{run.killer or run.detail}); fix that first", file=sys.stderr)
-                    return EXIT_RED
-                timeouts[op] = args.timeout or max(60.0, 3 * run.seconds + 30)
-            units = [(r, op) for r in to_run for op in r.ops]
-
-            def one(unit):
-                r, op = unit
-                run = run_mutant(template, work, r.mutant, sources[r.mutant.file], op, args.backend, baseline,
-                                 timeouts[op])
-                with lock:
-                    r.runs[op] = run
-                    done[0] += 1
-                    print(f"[{done[0]}/{len(units)}] {r.mutant.id} {op:<12} {run.status:<9} {run.seconds:6.1f} s  "
-                          f"{r.mutant.file}:{r.mutant.line} {r.mutant.change}"
-                          + (f"  <- {run.killer}" if run.killer else ""), flush=True)
-
-            list(pool.map(one, units))
+        # The unmutated tree first: every op's tests must pass there, and take how long?
+        clean = {op: pool.submit(run_mutant, template, work, None, None, op, args.backend, baseline, 3600)
+                 for op in ops}
+        timeouts = {}
+        for op, future in clean.items():
+            run = future.result()
+            print(f"unmutated tree, {op}: {run.status} in {run.seconds:.1f} s", flush=True)
+            if run.status != SURVIVED:
+                hint = " (or run without the gate: --baseline none)" if run.status == GATE else ""
+                print(f"kernelcheck-mutate: the unmutated tree fails {op}'s tests ({run.status}: "
+                      f"{run.killer or run.detail}); fix that first{hint}", file=sys.stderr)
+                return EXIT_RED
+            timeouts[op] = args.timeout or max(60.0, 3 * run.seconds + 30)
+        units = [(r, op) for r in to_run for op in r.ops]
+        futures = {pool.submit(run_mutant, template, work, r.mutant, sources[r.mutant.file], op, args.backend,
+                               baseline, timeouts[op]): (r, op) for r, op in units}
+        for n, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            (r, op), run = futures[future], future.result()
+            r.runs[op] = run
+            print(f"[{n}/{len(units)}] {r.mutant.id} {op:<12} {run.status:<9} {run.seconds:6.1f} s  "
+                  f"{r.mutant.file}:{r.mutant.line} {r.mutant.change}"
+                  + (f"  <- {run.killer}" if run.killer else ""), flush=True)
+    except BaseException:
+        # Ctrl-C or an error: no new runs, and the running ones (in sessions of their own, so
+        # they did not get the SIGINT) killed.
+        pool.shutdown(wait=False, cancel_futures=True)
+        _kill_live()
+        raise
     finally:
+        pool.shutdown(wait=True)
         shutil.rmtree(work, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     for r in to_run:
         r.status = combine(run.status for run in r.runs.values())
         if r.reason and r.status == SURVIVED:
