@@ -301,6 +301,10 @@ def format_report(results: list[Result], summary: dict, header: list[str], stale
                 note = r.reason if status == EQUIVALENT else next(
                     (run.detail for run in r.runs.values() if run.status == status and run.detail), "")
                 lines.append(f"  {_where(r)}" + (f"\n      {note}" if note and status != INVALID else ""))
+    caught = [r for r in results if r.reason and r.status != EQUIVALENT]
+    if caught:
+        lines += ["", f"listed as equivalent, yet not surviving now (--run-equivalent): {len(caught)}"]
+        lines += [f"  {_where(r)}  [{r.status}]" for r in caught]
     if stale:
         lines += ["", f"equivalents file entries that match no mutant of these files any more (remove them): "
                       f"{', '.join(stale)}"]

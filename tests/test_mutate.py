@@ -290,3 +290,20 @@ def test_the_mutant_plugin_adds_no_literals_to_hypothesis_draws():
     assert plugin.is_file()
     assert not constants_ast.is_local_module_file(str(plugin))
     assert constants_ast.is_local_module_file(str(ROOT / "harness" / "mutate.py"))   # hence the `tool` fixture
+
+
+def test_run_equivalent_flags_a_listed_mutant_that_is_killed_now(tool, tmp_path, monkeypatch, capsys):
+    ids = [m.id for m in tool.mutants.enumerate_mutants(SOFTMAX)[:2]]
+    equivalents = tmp_path / "equivalent.toml"
+    equivalents.write_text("".join(f'[{i}]\nfile = "kernels/softmax.py"\nreason = "r"\n\n' for i in ids))
+    runs = _Runs(tool.mutate, {ids[0]: "killed"})
+    monkeypatch.setattr(tool.mutate, "run_mutant", runs)
+    monkeypatch.chdir(ROOT)
+    argv = ["kernels/softmax.py", "--only", ids[0], "--only", ids[1], "--jobs", "1", "--run-equivalent",
+            "--equivalents", str(equivalents)]
+    assert tool.mutate.main(argv) == 0
+    text = capsys.readouterr().out
+    assert set(runs.ran) == {None, *ids}
+    flagged = text.split("listed as equivalent, yet not surviving now (--run-equivalent): 1\n")[1]
+    assert flagged.startswith(f"  {ids[0]}") and "[killed]" in flagged.splitlines()[0]
+    assert f"equivalent (the equivalents file): 1\n  {ids[1]}" in text
