@@ -143,9 +143,9 @@ def tree_files(root: Path) -> list[str]:
                                 capture_output=True, check=True).stdout.decode().split("\0")
         return sorted(p for p in listed if p and (root / p).is_file())
     except (OSError, subprocess.CalledProcessError):
-        skip = {".git", ".hypothesis", ".pytest_cache", "__pycache__", ".venv", "build"}
+        ignored = {".git", ".hypothesis", ".pytest_cache", "__pycache__", ".venv", "build"}
         return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                      if p.is_file() and not skip & set(p.relative_to(root).parts))
+                      if p.is_file() and not ignored & set(p.relative_to(root).parts))
 
 
 def snapshot(root: Path, dest: Path) -> Path:
