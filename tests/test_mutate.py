@@ -1,0 +1,309 @@
+"""kernelcheck-mutate (harness/mutants.py, harness/tool.mutate.py): enumeration, stable ids, the text
+edits, the equivalents file and the verdicts. No kernel runs: the runs are faked.
+
+The tool's modules are imported by the `tool` fixture and dropped from sys.modules again after
+this file's tests: Hypothesis draws the suite's derandomized cases partly from the literals of
+every local module in sys.modules, so left loaded (or imported here at collection) they would
+change every op's random cases, in this process and in every run that collects this file.
+"""
+import ast
+import importlib
+import json
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+TOOL_MODULES = ("harness.mutants", "harness.mutate")
+
+
+@pytest.fixture(scope="module")
+def tool():
+    loaded = [name for name in TOOL_MODULES if name in sys.modules]
+    assert not loaded, f"{loaded} were imported outside this file's tests"
+    ns = SimpleNamespace(**{name.split(".")[1]: importlib.import_module(name) for name in TOOL_MODULES})
+    yield ns
+    for name in TOOL_MODULES:
+        sys.modules.pop(name, None)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SOFTMAX = ROOT / "kernels" / "softmax.py"
+
+# One of every kind of change, in a file of its own (a launcher, which is no jit function,
+# gets no mutants).
+TOY = textwrap.dedent('''\
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def helper(ptr, offs, mask, other):
+        """A docstring is no code."""
+        return tl.load(ptr + offs, mask=mask, other=other)
+
+
+    @triton.jit
+    def kern(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = (offs < n) & (offs >= 0)
+        x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
+        y = tl.where(x > 0, tl.exp(x), tl.minimum(x, 1.0))  # a comment: + - * /
+        acc = 0.0
+        for i in range(0, n, BLOCK):
+            acc += x * 2
+        z = helper(x_ptr, offs, mask, 0.0)
+        tl.store(y_ptr + offs, (y / acc).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+    def launcher(x):
+        return x + 1
+    ''')
+
+# (kind, line of the toy, that line after the change)
+EXPECTED = [
+    ("cmp-boundary", "mask = (offs < n) & (offs >= 0)", "mask = (offs <= n) & (offs >= 0)"),
+    ("cmp-negate", "mask = (offs < n) & (offs >= 0)", "mask = (offs < n) & (offs < 0)"),
+    ("mask-logic", "mask = (offs < n) & (offs >= 0)", "mask = (offs < n) | (offs >= 0)"),
+    ("arith", "offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+     "offs = tl.program_id(0) / BLOCK + tl.arange(0, BLOCK)"),
+    ("arith", "acc += x * 2", "acc -= x * 2"),
+    ("int-const", "acc += x * 2", "acc += x * 3"),
+    ("int-const", "offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+     "offs = tl.program_id(0) * BLOCK + tl.arange(-1, BLOCK)"),
+    ("load-other", 'x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)',
+     "x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)"),
+    ("load-other", "z = helper(x_ptr, offs, mask, 0.0)", "z = helper(x_ptr, offs, mask, 1.0)"),
+    ("load-other", "return tl.load(ptr + offs, mask=mask, other=other)",
+     "return tl.load(ptr + offs, mask=mask, other=0.0)"),
+    ("cast-drop", 'x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)',
+     'x = tl.load(x_ptr + offs, mask=mask, other=-float("inf"))'),
+    ("cast-drop", "tl.store(y_ptr + offs, (y / acc).to(y_ptr.dtype.element_ty), mask=mask)",
+     "tl.store(y_ptr + offs, (y / acc), mask=mask)"),
+    ("cast-change", 'x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)',
+     'x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float16)'),
+    ("where-swap", "y = tl.where(x > 0, tl.exp(x), tl.minimum(x, 1.0))  # a comment: + - * /",
+     "y = tl.where(x > 0, tl.minimum(x, 1.0), tl.exp(x))  # a comment: + - * /"),
+    ("min-max", "y = tl.where(x > 0, tl.exp(x), tl.minimum(x, 1.0))  # a comment: + - * /",
+     "y = tl.where(x > 0, tl.exp(x), tl.maximum(x, 1.0))  # a comment: + - * /"),
+    ("exp-log", "y = tl.where(x > 0, tl.exp(x), tl.minimum(x, 1.0))  # a comment: + - * /",
+     "y = tl.where(x > 0, tl.exp2(x), tl.minimum(x, 1.0))  # a comment: + - * /"),
+    ("offset", "tl.store(y_ptr + offs, (y / acc).to(y_ptr.dtype.element_ty), mask=mask)",
+     "tl.store(y_ptr + offs + 1, (y / acc).to(y_ptr.dtype.element_ty), mask=mask)"),
+    ("loop-bound", "for i in range(0, n, BLOCK):", "for i in range(0, n - 1, BLOCK):"),
+    ("loop-bound", "for i in range(0, n, BLOCK):", "for i in range(0, n + 1, BLOCK):"),
+]
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kernels") / "toy.py"
+    path.write_text(TOY)
+    return path
+
+
+def _changed_lines(source: bytes, mutant) -> tuple[list, list]:
+    old, new = source.decode().splitlines(), mutant.apply(source).decode().splitlines()
+    assert len(old) == len(new), "a mutant must not move lines"
+    diff = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
+    return [old[i].strip() for i in diff], [new[i].strip() for i in diff]
+
+
+def test_every_kind_produces_the_expected_source(tool, toy):
+    source = toy.read_bytes()
+    found = tool.mutants.enumerate_mutants(toy, root=toy.parent)
+    assert {m.function for m in found} == {"helper", "kern"}       # never the launcher
+    made = {(m.kind, *map(tuple, _changed_lines(source, m))) for m in found}
+    for kind, before, after in EXPECTED:
+        assert (kind, (before,), (after,)) in made, f"{kind}: {before} -> {after}"
+    assert {m.kind for m in found} == set(tool.mutants.KINDS)
+    where = next(m for m in found if m.kind == "where-swap")
+    assert where.change == ("tl.where(x > 0, tl.exp(x), tl.minimum(x, 1.0)) -> "
+                            "tl.where(x > 0, tl.minimum(x, 1.0), tl.exp(x))")
+    assert where.line == 16
+
+
+def test_the_rest_of_the_file_is_byte_identical(tool):
+    source = SOFTMAX.read_bytes()
+    found = tool.mutants.enumerate_mutants(SOFTMAX)
+    assert len(found) > 50
+    for m in found:
+        mutated = m.apply(source)
+        first, last = min(e.start for e in m.edits), max(e.end for e in m.edits)
+        grown = len(mutated) - len(source)
+        assert mutated[:first] == source[:first]
+        assert mutated[last + grown:] == source[last:]
+        assert mutated != source
+        ast.parse(mutated)                          # every mutant is still Python
+
+
+def test_enumeration_is_deterministic_and_ids_unique(tool):
+    a, b = tool.mutants.enumerate_mutants(SOFTMAX), tool.mutants.enumerate_mutants(SOFTMAX)
+    assert a == b
+    assert len({m.id for m in a}) == len(a)
+
+
+def test_ids_survive_unrelated_edits(tool):
+    source = SOFTMAX.read_text()
+    before = {m.id: m for m in tool.mutants.enumerate_mutants(SOFTMAX)}
+    # Lines added above the kernel, a comment and a blank line inside it, the launcher edited.
+    edited = source.replace("_LOG2E = 1.4426950408889634", "_LOG2E = 1.4426950408889634\n\n\ndef unrelated():\n"
+                                                           "    return 1 + 2\n", 1)
+    edited = edited.replace("    cols = tl.arange(0, BLOCK_N)\n", "    # a new comment\n\n    cols = tl.arange(0, BLOCK_N)\n")
+    edited = edited.replace('raise TypeError(f"causal: expected a bool', 'raise TypeError(f"causal: must be a bool')
+    after = {m.id: m for m in tool.mutants.enumerate_mutants(SOFTMAX, source=edited.encode())}
+    assert set(after) == set(before)
+    assert all(after[i].line > before[i].line for i in before)
+    # Editing one statement changes the ids of that statement's mutants only.
+    edited = source.replace("nothing_visible = (last < 0)[:, None]", "nothing_visible = (last < -1)[:, None]")
+    after = {m.id for m in tool.mutants.enumerate_mutants(SOFTMAX, source=edited.encode())}
+    gone = {i for i in set(before) - after}
+    assert gone and all(before[i].line == 40 for i in gone)
+
+
+def test_identical_mutants_in_one_function_get_distinct_ids(tool):
+    found = [m for m in tool.mutants.enumerate_mutants(SOFTMAX) if m.change == "x - row_max -> x + row_max"]
+    assert len(found) == 2 and found[0].id != found[1].id
+
+
+def test_ops_of_a_kernel_file_and_of_the_shared_helpers(tool):
+    assert tool.mutants.ops_using("kernels/softmax.py", "_softmax_kernel") == ["softmax"]
+    shared = tool.mutants.ops_using("kernels/_device.py", "load_tile")
+    assert {"softmax", "rmsnorm", "layernorm", "add_rmsnorm"} <= set(shared)
+    assert "matmul" not in shared
+    assert "decoder" in tool.mutants.ops_using("kernels/norms.py", "_rmsnorm_kernel")   # models/ calls kernels.rmsnorm
+
+
+@pytest.mark.parametrize("returncode,timed_out,failure,status", [
+    (0, False, None, "survived"),
+    (1, False, {"test": "t::a", "exception": "AssertionError", "message": "m", "refused_by_triton": False},
+     "killed"),
+    (1, False, {"test": "t::a", "exception": "ValueError", "message": "m", "refused_by_triton": True},
+     "invalid"),
+    (6, False, None, "gate"),
+    (None, True, None, "timeout"),
+    (-9, True, None, "timeout"),
+    (4, False, None, "crashed"),
+    (-11, False, None, "crashed"),
+])
+def test_classification_of_pytest_exits(tool, returncode, timed_out, failure, status):
+    got, killer, _ = tool.mutate.classify(returncode, timed_out, {"first_failure": failure} if failure else None)
+    assert got == status
+    assert killer == (failure["test"] if failure else None)
+
+
+def test_verdict_of_a_mutant_over_several_ops(tool):
+    assert tool.mutate.combine([tool.mutate.SURVIVED, tool.mutate.KILLED]) == tool.mutate.KILLED
+    assert tool.mutate.combine([tool.mutate.TIMEOUT, tool.mutate.GATE]) == tool.mutate.GATE
+    assert tool.mutate.combine([tool.mutate.KILLED, tool.mutate.INVALID]) == tool.mutate.INVALID
+    assert tool.mutate.combine([tool.mutate.SURVIVED, tool.mutate.SURVIVED]) == tool.mutate.SURVIVED
+
+
+def test_triton_refusals_are_told_from_kills(tool):
+    import triton.language as tl
+    with pytest.raises(Exception) as refused:
+        tl.arange(0, 3)                        # outside a kernel: Triton's frontend raises
+    from mutant_plugin import refused_by_triton       # tests/mutant_plugin.py
+    assert refused_by_triton(refused.value)
+    with pytest.raises(AssertionError) as failed:
+        assert 1 == 2
+    assert not refused_by_triton(failed.value)
+
+
+class _Runs:
+    """A fake run_mutant: every op passes except where told; records what ran."""
+
+    def __init__(self, mutate, statuses=None):
+        self.mutate, self.statuses, self.ran = mutate, statuses or {}, []
+
+    def __call__(self, template, work, mutant, source, op, backend, baseline, timeout):
+        self.ran.append(mutant.id if mutant else None)
+        status = self.statuses.get(mutant.id if mutant else None, "survived")
+        return self.mutate.Run(op, status, 0.1, "tests/test_ops.py::test_pinned[x]" if status == "killed" else None)
+
+
+def test_equivalents_are_honoured_and_only_new_survivors_listed(tool, tmp_path, monkeypatch, capsys):
+    ids = [m.id for m in tool.mutants.enumerate_mutants(SOFTMAX)[:3]]
+    equivalents = tmp_path / "equivalent.toml"
+    equivalents.write_text(f'[{ids[0]}]\nfile = "kernels/softmax.py"\nreason = "it changes nothing"\n\n'
+                           f'[0000000000]\nfile = "kernels/softmax.py"\nreason = "a mutant that is gone"\n')
+    runs = _Runs(tool.mutate, {ids[1]: "killed"})
+    monkeypatch.setattr(tool.mutate, "run_mutant", runs)
+    out = tmp_path / "report.json"
+    argv = ["kernels/softmax.py", *[a for i in ids for a in ("--only", i)], "--jobs", "1",
+            "--equivalents", str(equivalents), "--json", str(out)]
+    monkeypatch.chdir(ROOT)
+    assert tool.mutate.main(argv) == 0
+    text = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    status = {m["id"]: m["status"] for m in report["mutants"]}
+    assert status == {ids[0]: "equivalent", ids[1]: "killed", ids[2]: "survived"}
+    assert ids[0] not in runs.ran and runs.ran.count(None) == 1         # the unmutated tree ran once
+    survivors = text.split("survived (not in the equivalents file: new): ")[1].split("\n\n")[0]
+    assert ids[2] in survivors and ids[0] not in survivors
+    assert "0000000000" in report["meta"]["stale_equivalents"]
+    s = report["files"]["kernels/softmax.py"]
+    assert (s["killed"], s["survived"], s["equivalent"], s["judged"], s["score"]) == (1, 1, 1, 2, 0.5)
+    assert report["ops"]["softmax"]["score"] == 0.5
+    killed = next(m for m in report["mutants"] if m["id"] == ids[1])
+    assert killed["killing_test"] == "tests/test_ops.py::test_pinned[x]"
+    assert set(killed) >= {"file", "function", "line", "before", "after", "kind"}
+
+    # --list marks it; a reason is required
+    assert tool.mutate.main(["kernels/softmax.py", "--list", "--equivalents", str(equivalents)]) == 0
+    assert f"{ids[0]}" in next(line for line in capsys.readouterr().out.splitlines() if "[equivalent]" in line)
+    equivalents.write_text(f"[{ids[0]}]\nfile = 'kernels/softmax.py'\n")
+    assert tool.mutate.main(["kernels/softmax.py", "--list", "--equivalents", str(equivalents)]) == 2
+
+
+def test_a_red_unmutated_tree_stops_the_run(tool, monkeypatch, capsys):
+    monkeypatch.setattr(tool.mutate, "run_mutant", _Runs(tool.mutate, {None: "killed"}))
+    monkeypatch.chdir(ROOT)
+    first = tool.mutants.enumerate_mutants(SOFTMAX)[0].id
+    assert tool.mutate.main(["kernels/softmax.py", "--only", first, "--jobs", "1"]) == tool.mutate.EXIT_RED
+
+
+def test_sample_and_op_selection(tool, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+
+    def listed(*argv):
+        assert tool.mutate.main(["--list", *argv]) == 0
+        return [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+
+    every = listed("kernels/softmax.py")
+    sample = listed("kernels/softmax.py", "--sample", "5", "--seed", "3")
+    assert len(sample) == 5 and set(sample) <= set(every) and sample == [i for i in every if i in sample]
+    assert sample == listed("kernels/softmax.py", "--sample", "5", "--seed", "3")
+    helpers = listed("kernels/_device.py", "--op", "softmax")
+    functions = {m.id: m.function for m in tool.mutants.enumerate_mutants(ROOT / "kernels" / "_device.py")}
+    assert {functions[i] for i in helpers} == {"row_offsets", "load_tile"}
+    assert tool.mutate.main(["kernels/softmax.py", "--list", "--op", "nope"]) == tool.mutate.EXIT_USAGE
+
+
+def test_the_mutant_plugin_adds_no_literals_to_hypothesis_draws():
+    """tests/mutant_plugin.py must stay where Hypothesis takes no constants from (a tests
+    directory): loaded into every mutant's run, it would otherwise change the cases drawn."""
+    from hypothesis.internal import constants_ast      # gone in a later Hypothesis? Then revisit this
+    plugin = ROOT / "tests" / "mutant_plugin.py"
+    assert plugin.is_file()
+    assert not constants_ast.is_local_module_file(str(plugin))
+    assert constants_ast.is_local_module_file(str(ROOT / "harness" / "mutate.py"))   # hence the `tool` fixture
+
+
+def test_run_equivalent_flags_a_listed_mutant_that_is_killed_now(tool, tmp_path, monkeypatch, capsys):
+    ids = [m.id for m in tool.mutants.enumerate_mutants(SOFTMAX)[:2]]
+    equivalents = tmp_path / "equivalent.toml"
+    equivalents.write_text("".join(f'[{i}]\nfile = "kernels/softmax.py"\nreason = "r"\n\n' for i in ids))
+    runs = _Runs(tool.mutate, {ids[0]: "killed"})
+    monkeypatch.setattr(tool.mutate, "run_mutant", runs)
+    monkeypatch.chdir(ROOT)
+    argv = ["kernels/softmax.py", "--only", ids[0], "--only", ids[1], "--jobs", "1", "--run-equivalent",
+            "--equivalents", str(equivalents)]
+    assert tool.mutate.main(argv) == 0
+    text = capsys.readouterr().out
+    assert set(runs.ran) == {None, *ids}
+    flagged = text.split("listed as equivalent, yet not surviving now (--run-equivalent): 1\n")[1]
+    assert flagged.startswith(f"  {ids[0]}") and "[killed]" in flagged.splitlines()[0]
+    assert f"equivalent (the equivalents file): 1\n  {ids[1]}" in text
