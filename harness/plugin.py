@@ -25,6 +25,27 @@ from harness import (audit, backend as backends, baseline as baselines, blas, bu
 
 ROOT = Path(__file__).resolve().parents[1]
 
+def _draws_from_seeds_alone() -> bool:
+    """Hypothesis (6.1xx) mixes the literals of every local module loaded so far into its draws
+    (hypothesis.internal.conjecture.providers._get_local_constants, checked at every example): a
+    case would then depend on which of the project's modules a worker had imported by then (a
+    test file's imports, a lazily imported helper), not on its seed. Measured: importing one
+    harness module into a test process changed every op's derandomized cases, and a filtered run
+    drew other cases than the baseline's. The suite's draws come from the seed and the strategy
+    alone. Returns False when this Hypothesis has no such hook (nothing to turn off)."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:
+        return False
+    if not hasattr(providers, "_get_local_constants") or not hasattr(providers, "Constants"):
+        return False
+    nothing = providers.Constants()
+    providers._get_local_constants = lambda: nothing
+    return True
+
+
+LOCAL_CONSTANTS_OFF = _draws_from_seeds_alone()
+
 # Hypothesis profiles. Registered at import, before Hypothesis's own plugin loads one.
 #   ci:      derandomized (the same cases every run), small shapes, few examples: the interpreter.
 #   gpu:     derandomized, larger shapes, more examples: a GPU runner.

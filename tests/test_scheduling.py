@@ -53,3 +53,38 @@ def test_gpu_profile_parts_draw_different_cases_and_xdist_steals_work(tmp_path):
     # Each part starts from Hypothesis's simplest examples, which the parts share; the rest differ.
     total = sum(len(cases) for cases in by_part.values())
     assert len(set().union(*by_part.values())) >= 0.8 * total, by_part
+
+
+def test_draws_do_not_depend_on_the_modules_loaded():
+    """A derandomized case comes from its seed alone: Hypothesis's harvest of literals from the
+    project's loaded modules is off (harness/plugin.py), so importing one more module (here a
+    fresh one full of literals, as a lazily imported helper would be) changes no draw."""
+    import importlib.util
+    import tempfile
+
+    from hypothesis import given, settings, strategies as st
+    from hypothesis.internal.conjecture import providers
+
+    assert plugin.LOCAL_CONSTANTS_OFF
+    drawn = []
+
+    @settings(max_examples=30, derandomize=True, database=None)
+    @given(st.integers(0, 10**9), st.text(max_size=5))
+    def draw(i, s):
+        drawn.append((i, s))
+
+    draw()
+    first, drawn[:] = list(drawn), []
+    with tempfile.TemporaryDirectory(dir=ROOT) as d:        # under the project: a "local" module
+        path = Path(d) / "literals_module.py"
+        path.write_text("A = 123456789\nB = 'kernelcheck'\nC = 987654321\n")
+        spec = importlib.util.spec_from_file_location("literals_module", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["literals_module"] = module
+        spec.loader.exec_module(module)
+        try:
+            draw()
+        finally:
+            del sys.modules["literals_module"]
+    assert drawn == first
+    assert len(providers._get_local_constants()) == 0
