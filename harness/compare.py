@@ -60,6 +60,7 @@ class Magnitudes:
     statistics behind fp16 outputs, say)."""
     value: torch.Tensor | None = None
     bound: torch.Tensor | None = None
+    extra: torch.Tensor | None = None   # an absolute allowance the op derives from a rounding bound (no budget key)
 
 
 def _index(flat_idx: int, shape) -> tuple:
@@ -120,6 +121,8 @@ def compare(output: str, got: torch.Tensor, expected: torch.Tensor, budget: Budg
     allowed = budget.atol + budget.rtol * magnitude
     if mags.bound is not None and budget.bound_rtol:
         allowed = allowed + budget.bound_rtol * f64(mags.bound)
+    if mags.extra is not None:
+        allowed = allowed + f64(mags.extra)
     o = _expected_at_overflow(o, y, allowed, got.dtype)
 
     both = torch.isfinite(o) & torch.isfinite(y)

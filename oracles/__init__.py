@@ -6,8 +6,8 @@ shifted statistics). Each takes torch tensors, computes in float64 on the device
 """
 from oracles.adamw import adamw
 from oracles.activations import bias_gelu
-from oracles.attention import (decode_attention, decode_out_score_magnitude, flash_attention,
-                               flash_attention_magnitudes)
+from oracles.attention import (decode_attention, decode_out_score_magnitude, decode_tie_allowance, flash_attention,
+                               flash_attention_magnitudes, flash_attention_tie_allowance)
 from oracles.embedding import embedding
 from oracles.fp8 import fp8_matmul, quantize_fp8
 from oracles.gemm import matmul, swiglu
@@ -15,4 +15,4 @@ from oracles.norms import add_rmsnorm, layernorm, rmsnorm
 from oracles.rope import rmsnorm_rope, rope
 from oracles.softmax import softmax
 
-__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "decode_out_score_magnitude", "embedding", "flash_attention", "flash_attention_magnitudes", "fp8_matmul", "layernorm", "matmul", "quantize_fp8", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
+__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "decode_out_score_magnitude", "decode_tie_allowance", "embedding", "flash_attention", "flash_attention_magnitudes", "flash_attention_tie_allowance", "fp8_matmul", "layernorm", "matmul", "quantize_fp8", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]

@@ -113,6 +113,40 @@ def _head_out_score_magnitude(q, k, v, visible, scale):
     return M, mag
 
 
+FP32_UNIT = 2.0 ** -24      # unit roundoff of the fp32 scores every dtype's kernel computes
+
+
+def _head_tie_allowance(q, k, v, visible, scale):
+    """One head, in _head's shapes: (T [Tq, Dv], zeros [Tq]), the part of the score rounding's
+    effect on out that the first-order term (M, above) does not cover.
+
+    A score error of at most delta (two fp32 dots of D terms: delta = 2 D u score_mag, a bound
+    for any summation order) moves each weight by |dp_j| <= min(1, p_j (e^delta - 1)). For small
+    delta that is p_j delta (first order); for huge scores (delta >> 1) a key whose score is
+    within delta of the max can take the whole weight, a near tie that first order calls
+    impossible (p_j = 0): measured on an H200, fp32 scores of 1e30 two keys apart by 1e-8 of
+    them, and the kernel's row was the other key's value. T[i, d] = sum_j (min(1, p_ij
+    (e^delta_i - 1)) - p_ij delta_i)^+ |v_jd - out_id|, computed in the log domain."""
+    Tq, Tk, Dv = q.shape[0], k.shape[0], v.shape[1]
+    T = torch.zeros(Tq, Dv, dtype=torch.float64, device=q.device)
+    zeros = torch.zeros(Tq, dtype=torch.float64, device=q.device)
+    if Tk == 0:
+        return T, zeros
+    v_finite = torch.where(torch.isfinite(v), v, 0.0)
+    for r0, r1 in _row_chunks(Tq, Tk * max(1, Dv)):
+        vis = visible[r0:r1]
+        s, m, total, p = _softmax(q[r0:r1], k, vis, scale)
+        out = p @ v_finite
+        delta = (2 * q.shape[1] * FP32_UNIT) * _score_magnitude(q[r0:r1], k, vis, scale)[:, None]
+        log_em1 = torch.where(delta > 30, delta, torch.log(torch.expm1(delta)))     # log(e^delta - 1)
+        log_p = torch.where(vis, s - m - torch.log(total), -torch.inf)
+        moved = torch.exp(torch.clamp(torch.nan_to_num(log_p + log_em1, nan=-torch.inf), max=0.0))
+        excess = torch.clamp(moved - p * delta, min=0.0)
+        T[r0:r1] = torch.nan_to_num((excess[:, :, None] * torch.abs(v_finite[None] - out[:, None])).sum(dim=1),
+                                    nan=0.0, posinf=0.0)
+    return T, zeros
+
+
 def _sequence(q, k, v, causal, scale, head=_head):
     """q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> (out [Tq, Hq, Dv], per-row [Hq, Tq])."""
     Tq, Hq, _ = q.shape
@@ -212,6 +246,18 @@ def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None)
     [num_blocks, block_size, Hkv, D] (position p of row b at block_table[b, p // block_size],
     slot p % block_size). Row b attends to positions < seqlens[b] -> out [B, Hq, D]."""
     return _decode(q, k_cache, v_cache, seqlens, scale, block_table, _head)
+
+
+@one_thread
+def flash_attention_tie_allowance(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """out-shaped T of _head_tie_allowance, in flash_attention's layouts (an absolute allowance)."""
+    return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, _head_tie_allowance)[0]
+
+
+@one_thread
+def decode_tie_allowance(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
+    """decode_attention's out-shaped T (_head_tie_allowance)."""
+    return _decode(q, k_cache, v_cache, seqlens, scale, block_table, _head_tie_allowance)
 
 
 @one_thread

@@ -155,3 +155,29 @@ def test_oracle_memory_is_bounded(monkeypatch):
     rows = (*oa.flash_attention(q, k, v, causal=True), *oa.flash_attention_magnitudes(q, k, v, causal=True))
     for a, b in zip(whole, rows):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)   # float64 sums in another order
+
+
+def test_a_near_tie_of_huge_scores_may_take_either_value_and_nothing_else():
+    """The tie allowance (oracles.attention._head_tie_allowance): scores of 1e30 whose top two are
+    1e-9 apart (far inside their fp32 rounding) may give either key's value; a clear winner, or
+    modest scores, add (next to) nothing beyond the first-order bound."""
+    import math
+
+    import torch
+
+    from oracles.attention import _head_tie_allowance, _visible
+
+    D = 8
+    q = torch.full((1, D), 1e15, dtype=torch.float64)
+    k = torch.zeros(3, D, dtype=torch.float64)
+    k[0], k[1], k[2] = 1e15, 1e15 * (1 - 1e-9), -1e15
+    v = torch.tensor([[1.0] * D, [-1.0] * D, [5.0] * D], dtype=torch.float64)
+    tie, _ = _head_tie_allowance(q, k, v, _visible(1, 3, False, "cpu"), 1 / math.sqrt(D))
+    assert torch.allclose(tie, torch.full((1, D), 2.0, dtype=torch.float64))          # |v_1 - out|: key 1 may win; key 2 may not
+    k[1] = -1e15                                                   # no tie: the max is clear
+    clear, _ = _head_tie_allowance(q, k, v, _visible(1, 3, False, "cpu"), 1 / math.sqrt(D))
+    assert clear.abs().max() == 0
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, D, generator=g, dtype=torch.float64) for n in (4, 5, 5))
+    modest, _ = _head_tie_allowance(q, k, v, _visible(4, 5, False, "cpu"), 1 / math.sqrt(D))
+    assert modest.abs().max() < 1e-9
