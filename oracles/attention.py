@@ -95,22 +95,30 @@ def _head_out_score_magnitude(q, k, v, visible, scale):
     (at most score_mag), so out moves by at most score_mag * sum_j p_j |v_j - out| per unit of
     relative score error. Rows of huge scores (the outlier regime) with two or more keys sharing
     the weight make this far larger than |out|; a one-hot row (sum_j p_j |v_j - out| = 0) or a
-    row of modest scores does not. Non-finite values are left out (their elements are judged by
+    row of modest scores does not (a one-hot row with a near tie is _head_tie_allowance's). Non-finite values are left out (their elements are judged by
     the non-finite rules); rows that see nothing get 0."""
+    spread, mag = _weighted_spread(q, k, v, visible, scale, lambda s, m, total, p, vis, mag: p)
+    return torch.nan_to_num(mag[:, None] * spread, nan=0.0, posinf=0.0), mag
+
+
+def _weighted_spread(q, k, v, visible, scale, weights):
+    """(sum_j w_ij |v_jd - out_id| [Tq, Dv], score magnitude [Tq]) over the visible keys, rows in
+    chunks; w = weights(s, m, total, p, visible, score_mag [R, 1]) of _softmax's results for a
+    chunk. Non-finite values are left out; rows that see nothing, or no keys, get 0."""
     Tq, Tk, Dv = q.shape[0], k.shape[0], v.shape[1]
-    M = torch.zeros(Tq, Dv, dtype=torch.float64, device=q.device)
+    spread = torch.zeros(Tq, Dv, dtype=torch.float64, device=q.device)
     mag = torch.zeros(Tq, dtype=torch.float64, device=q.device)
     if Tk == 0:
-        return M, mag
+        return spread, mag
     v_finite = torch.where(torch.isfinite(v), v, 0.0)
     for r0, r1 in _row_chunks(Tq, Tk * max(1, Dv)):
         vis = visible[r0:r1]
-        p = _softmax(q[r0:r1], k, vis, scale)[3]
+        s, m, total, p = _softmax(q[r0:r1], k, vis, scale)
         out = p @ v_finite
-        spread = (p[:, :, None] * torch.abs(v_finite[None, :, :] - out[:, None, :])).sum(dim=1)
         mag[r0:r1] = _score_magnitude(q[r0:r1], k, vis, scale)
-        M[r0:r1] = torch.nan_to_num(mag[r0:r1, None] * spread, nan=0.0, posinf=0.0)
-    return M, mag
+        w = weights(s, m, total, p, vis, mag[r0:r1, None])
+        spread[r0:r1] = (w[:, :, None] * torch.abs(v_finite[None, :, :] - out[:, None, :])).sum(dim=1)
+    return spread, mag
 
 
 FP32_UNIT = 2.0 ** -24      # unit roundoff of the fp32 scores every dtype's kernel computes
@@ -127,24 +135,15 @@ def _head_tie_allowance(q, k, v, visible, scale):
     impossible (p_j = 0): measured on an H200, fp32 scores of 1e30 two keys apart by 1e-8 of
     them, and the kernel's row was the other key's value. T[i, d] = sum_j (min(1, p_ij
     (e^delta_i - 1)) - p_ij delta_i)^+ |v_jd - out_id|, computed in the log domain."""
-    Tq, Tk, Dv = q.shape[0], k.shape[0], v.shape[1]
-    T = torch.zeros(Tq, Dv, dtype=torch.float64, device=q.device)
-    zeros = torch.zeros(Tq, dtype=torch.float64, device=q.device)
-    if Tk == 0:
-        return T, zeros
-    v_finite = torch.where(torch.isfinite(v), v, 0.0)
-    for r0, r1 in _row_chunks(Tq, Tk * max(1, Dv)):
-        vis = visible[r0:r1]
-        s, m, total, p = _softmax(q[r0:r1], k, vis, scale)
-        out = p @ v_finite
-        delta = (2 * q.shape[1] * FP32_UNIT) * _score_magnitude(q[r0:r1], k, vis, scale)[:, None]
+    def excess(s, m, total, p, vis, mag):
+        delta = (2 * q.shape[1] * FP32_UNIT) * mag
         log_em1 = torch.where(delta > 30, delta, torch.log(torch.expm1(delta)))     # log(e^delta - 1)
         log_p = torch.where(vis, s - m - torch.log(total), -torch.inf)
         moved = torch.exp(torch.clamp(torch.nan_to_num(log_p + log_em1, nan=-torch.inf), max=0.0))
-        excess = torch.clamp(moved - p * delta, min=0.0)
-        T[r0:r1] = torch.nan_to_num((excess[:, :, None] * torch.abs(v_finite[None] - out[:, None])).sum(dim=1),
-                                    nan=0.0, posinf=0.0)
-    return T, zeros
+        return torch.clamp(moved - p * delta, min=0.0)
+
+    T = _weighted_spread(q, k, v, visible, scale, excess)[0]
+    return torch.nan_to_num(T, nan=0.0, posinf=0.0), torch.zeros(q.shape[0], dtype=torch.float64, device=q.device)
 
 
 def _sequence(q, k, v, causal, scale, head=_head):
