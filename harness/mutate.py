@@ -8,7 +8,9 @@
 Each mutant (harness/mutants.py: one small change in a @triton.jit body) is written into a
 private copy of the tree, and the tests of every op that runs the mutated function
 (`pytest tests/ --op OP -x`, the backend's own Hypothesis profile, gated against the backend's
-baseline; tests/mutant_plugin.py orders and reports) run there, one op at a time. Per (mutant, op) the verdict is:
+baseline; tests/mutant_plugin.py orders and reports) run there, one op at a time, the quickest
+op first; the first op that kills the mutant ends its runs (`--every-op` runs them all, for a
+complete per-op table). Per (mutant, op) the verdict is:
 
     killed     a test failed (the first failing test is named)
     gate       every test passed, but the baseline gate failed (exit 6): an error grew
@@ -349,6 +351,9 @@ def parse_args(argv):
                    help="gate each run against this baseline (default: results/baselines/interpreter.json on the "
                         "interpreter, none on a GPU)")
     p.add_argument("--equivalents", default=EQUIVALENTS, metavar="PATH", help=f"default {EQUIVALENTS}")
+    p.add_argument("--every-op", action="store_true",
+                   help="run every op's tests on each mutant (default: stop at the first op that kills it, "
+                        "quickest op first)")
     p.add_argument("--run-equivalent", action="store_true",
                    help="run the mutants of the equivalents file too (to check that none is killed now)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the per-mutant results and scores as JSON")
@@ -459,15 +464,28 @@ def run_command(argv=None) -> int:
                       f"{run.killer or run.detail}); fix that first{hint}", file=sys.stderr)
                 return EXIT_RED
             timeouts[op] = args.timeout or max(60.0, 3 * run.seconds + 30)
-        units = [(r, op) for r in to_run for op in r.ops]
-        futures = {pool.submit(run_mutant, template, work, r.mutant, sources[r.mutant.file], op, args.backend,
-                               baseline, timeouts[op]): (r, op) for r, op in units}
-        for n, future in enumerate(concurrent.futures.as_completed(futures), 1):
-            (r, op), run = futures[future], future.result()
-            r.runs[op] = run
-            print(f"[{n}/{len(units)}] {r.mutant.id} {op:<12} {run.status:<9} {run.seconds:6.1f} s  "
-                  f"{r.mutant.file}:{r.mutant.line} {r.mutant.change}"
-                  + (f"  <- {run.killer}" if run.killer else ""), flush=True)
+        # A mutant's ops run one after another, the quickest first; once one kills it (or Triton
+        # refuses it) the rest are skipped unless --every-op asks for the whole per-op matrix.
+        cost = {op: run.seconds for op, run in ((op, f.result()) for op, f in clean.items())}
+        done = iter(range(1, len(to_run) + 1))
+        print_lock = threading.Lock()
+
+        def judge(r: Result) -> None:
+            for op in sorted(r.ops, key=lambda o: (cost[o], o)):
+                run = run_mutant(template, work, r.mutant, sources[r.mutant.file], op, args.backend,
+                                 baseline, timeouts[op])
+                r.runs[op] = run
+                if run.status in (KILLED, INVALID) and not args.every_op:
+                    break
+            r.status = combine(run.status for run in r.runs.values())
+            with print_lock:
+                print(f"[{next(done)}/{len(to_run)}] {r.mutant.id} {r.status:<9} {r.seconds:6.1f} s  "
+                      f"{r.mutant.file}:{r.mutant.line} {r.mutant.change}  ("
+                      + ", ".join(f"{op} {run.status}" for op, run in r.runs.items()) + ")"
+                      + (f"  <- {r.killer}" if r.killer else ""), flush=True)
+
+        for future in concurrent.futures.as_completed([pool.submit(judge, r) for r in to_run]):
+            future.result()
     except BaseException:
         # Ctrl-C or an error: no new runs, and the running ones (in sessions of their own, so
         # they did not get the SIGINT) killed.

@@ -31,6 +31,7 @@ def tool():
 
 ROOT = Path(__file__).resolve().parents[1]
 SOFTMAX = ROOT / "kernels" / "softmax.py"
+DEVICE = ROOT / "kernels" / "_device.py"
 
 # One of every kind of change, in a file of its own (a launcher, which is no jit function,
 # gets no mutants).
@@ -256,6 +257,40 @@ def test_equivalents_are_honoured_and_only_new_survivors_listed(tool, tmp_path, 
     assert f"{ids[0]}" in next(line for line in capsys.readouterr().out.splitlines() if "[equivalent]" in line)
     equivalents.write_text(f"[{ids[0]}]\nfile = 'kernels/softmax.py'\n")
     assert tool.mutate.main(["kernels/softmax.py", "--list", "--equivalents", str(equivalents)]) == 2
+
+
+class _TimedRuns(_Runs):
+    """As _Runs, and the unmutated tree of each op takes `seconds[op]`; records (mutant, op)."""
+
+    def __init__(self, mutate, statuses, seconds):
+        super().__init__(mutate, statuses)
+        self.seconds, self.pairs = seconds, []
+
+    def __call__(self, template, work, mutant, source, op, backend, baseline, timeout):
+        self.pairs.append((mutant.id if mutant else None, op))
+        status = self.statuses.get((mutant.id if mutant else None, op), "survived")
+        return self.mutate.Run(op, status, self.seconds[op] if mutant is None else 0.1,
+                               "tests/test_ops.py::test_pinned[x]" if status == "killed" else None)
+
+
+def test_a_mutants_ops_run_quickest_first_and_stop_at_the_first_kill(tool, monkeypatch, capsys):
+    """kahan_add is run by four ops; the quickest op that kills a mutant ends its runs, unless
+    --every-op asks for the whole matrix."""
+    monkeypatch.chdir(ROOT)
+    first, second = [m.id for m in tool.mutants.enumerate_mutants(DEVICE) if m.function == "kahan_add"][:2]
+    seconds = {"rmsnorm": 1.0, "layernorm": 2.0, "add_rmsnorm": 3.0, "decoder": 40.0}
+    statuses = {(first, "layernorm"): "killed", (second, "decoder"): "killed"}
+    runs = _TimedRuns(tool.mutate, statuses, seconds)
+    monkeypatch.setattr(tool.mutate, "run_mutant", runs)
+    argv = ["kernels/_device.py", "--only", first, "--only", second, "--jobs", "1"]
+    assert tool.mutate.main(argv) == 0
+    ran = lambda mid: [op for m, op in runs.pairs if m == mid]
+    assert ran(first) == ["rmsnorm", "layernorm"]
+    assert ran(second) == ["rmsnorm", "layernorm", "add_rmsnorm", "decoder"]
+    capsys.readouterr()
+    runs.pairs.clear()
+    assert tool.mutate.main(argv + ["--every-op"]) == 0
+    assert ran(first) == ["rmsnorm", "layernorm", "add_rmsnorm", "decoder"]
 
 
 def test_a_red_unmutated_tree_stops_the_run(tool, monkeypatch, capsys):
