@@ -427,7 +427,10 @@ def item_meta(item) -> tuple:
         return case.op, case.dtype, case.config, case.values, dict(case.params)
     marker = item.get_closest_marker("op")
     op = params.get("op") or (marker.args[0] if marker else None)
-    return op, params.get("dtype"), params.get("config"), None, None
+    dtype = params.get("dtype")
+    if dtype is not None and not isinstance(dtype, str):        # a torch.dtype parameter
+        dtype = str(dtype).removeprefix("torch.")
+    return op, dtype, params.get("config"), None, None
 
 
 IMPL_TESTS = ("test_random", "test_pinned")     # what an --impl run runs: the op checks

@@ -4,8 +4,13 @@ import copy
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels
+from kernels.adamw import _round_to_bf16
+
+pytestmark = pytest.mark.op("adamw")      # --op adamw selects every test here
 
 
 def _params(device, dtype, seed=0):
@@ -81,3 +86,44 @@ def test_bf16_parameters_keep_fp32_moments(backend, dtype):
     opt.step()
     assert all(opt.state[p]["exp_avg"].dtype == torch.float32 for p in ps)
     assert all(p.dtype == dtype for p in ps)
+
+
+@triton.jit
+def _round_to_bf16_probe(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, _round_to_bf16(tl.load(x_ptr + offs, mask=mask, other=0.0)), mask=mask)
+
+
+def _rounding_probes() -> torch.Tensor:
+    """fp32 bit patterns around every kind of bf16 rounding decision: the 16 dropped bits just
+    below, at and above the halfway point, with an even and an odd kept part, both signs, from
+    subnormals to the largest finite values (which round to infinity), zeros, infinities, NaNs,
+    and random patterns."""
+    g = torch.Generator().manual_seed(5)
+    kept = torch.cat([torch.tensor([0x0000, 0x0001, 0x0002, 0x0080, 0x3F80, 0x3F81, 0x4049, 0x7F7E, 0x7F7F],
+                                   dtype=torch.int64),
+                      torch.randint(0, 0x7F80, (64,), generator=g)])
+    low = torch.tensor([0x0000, 0x0001, 0x7FFE, 0x7FFF, 0x8000, 0x8001, 0xFFFE, 0xFFFF], dtype=torch.int64)
+    bits = (kept[:, None] << 16 | low[None, :]).flatten()
+    bits = torch.cat([bits, bits | (1 << 31), torch.randint(0, 2**32, (4096,), generator=g),
+                      torch.tensor([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001])])
+    return bits.to(torch.uint32).view(torch.float32)
+
+
+def test_bf16_rounding_is_round_to_nearest_even_bit_for_bit(backend):
+    """adamw rounds its fp32 result to bf16 in integer ops (the interpreter's own conversion
+    truncates). Judged bit for bit against PyTorch's round-to-nearest-even on the CPU: a wrong
+    tie rule or carry moves a result by one bf16 ulp, which no error budget can see."""
+    x = _rounding_probes()
+    y = torch.empty(x.shape, dtype=torch.bfloat16, device=backend.device)
+    _round_to_bf16_probe[(triton.cdiv(x.numel(), 1024),)](x.to(backend.device), y, x.numel(), BLOCK=1024)
+    want, got = x.to(torch.bfloat16), y.cpu()
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    bad = (got.view(torch.int16) != want.view(torch.int16)) & ~nan
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise AssertionError(f"{int(bad.sum())} of {x.numel()} values rounded wrongly; first: fp32 bits "
+                             f"{x.view(torch.int32)[i].item() & 0xFFFFFFFF:#010x} -> bf16 {got.view(torch.int16)[i].item() & 0xFFFF:#06x}, "
+                             f"round-to-nearest-even gives {want.view(torch.int16)[i].item() & 0xFFFF:#06x}")

@@ -74,3 +74,118 @@ def test_row_kernels_write_rows_past_2_31_elements(op, dtype, config, backend, b
         assert check.passed, f"{op} output {name}, rows {HUGE_ROWS - 3}..{HUGE_ROWS - 1}: {check.problem}"
     del inp, out, got
     torch.cuda.empty_cache()
+
+
+# RoPE reads x through four strides: an int32 token, head or dim offset wraps once its stride
+# times its index passes 2^31. Each layout below makes one of them pass it at the judged token
+# (the last one, every head): the tokens of a contiguous tensor; heads stored outermost
+# (x.stride(2) = T * D); dims stored outermost (x.stride(3) = T * H), with and without
+# pass-through dims. Killed the rope mutation run's int64 survivors.
+def _rope_layouts():
+    # name: (T, H, D, rotary_dim, storage order of (T, H, D))
+    return {
+        "tokens": (2**31 // (4 * 128) + 2, 4, 128, 128, (0, 1, 2)),
+        "heads_outermost": (2**31 // (15 * 128) + 2, 16, 128, 128, (1, 0, 2)),
+        "dims_outermost": (2**31 // (127 * 2) + 2, 2, 256, 256, (2, 0, 1)),
+        "dims_outermost_pass": (2**31 // (255 * 2) + 2, 2, 256, 2, (2, 0, 1)),
+    }
+
+
+@pytest.mark.parametrize("op,dtype,config,layout", [pytest.param("rope", "float16", "huge", lay, id=lay,
+                                                                 marks=pytest.mark.op("rope"))
+                                                    for lay in _rope_layouts()])
+def test_rope_reads_and_writes_past_2_31_elements(op, dtype, config, layout, backend, budgets):
+    assert backend.name == "gpu", "millions of programs in the interpreter: hours (declared gap interp-huge-rows)"
+    from harness import registry
+    from harness.compare import compare
+
+    T, H, D, rotary_dim, order = _rope_layouts()[layout]
+    sizes = (T, H, D)
+    storage = torch.empty([sizes[i] for i in order], dtype=torch.float16, device=backend.device)
+    x = storage.permute([order.index(i) for i in range(3)]).unsqueeze(0)      # (1, T, H, D)
+    assert x.shape == (1, T, H, D) and max(s * (n - 1) for s, n in zip(x.stride(), x.shape)) >= 2**31
+    g = torch.Generator().manual_seed(2)
+    x[0, -1] = torch.randn(H, D, generator=g).half().to(backend.device)
+    positions = torch.randint(0, 4096, (1, T), generator=g).to(backend.device)
+    inp = {"x": x, "positions": positions, "theta": 10000.0, "rotary_dim": rotary_dim, "style": "neox"}
+    spec = registry.get("rope")
+    out = {"y": torch.empty(1, T, H, D, dtype=torch.float16, device=backend.device)}
+    (y,) = spec.kernel(inp, out)
+    last = dict(inp, x=x[:, -1:].clone(), positions=positions[:, -1:].clone())
+    expected = spec.oracle(last)
+    (scale,) = spec.error_scale(last, expected)
+    check = compare("y", y[:, -1:], expected[0], budgets.get("rope", "float16", backend.name), None, scale)
+    assert check.passed, f"rope ({layout}), token {T - 1}: {check.problem}"
+    del storage, x, out, y
+    torch.cuda.empty_cache()
+
+
+# bias_gelu: the contiguous path's int64 tile base (row tile * BLOCK_M * N), the strided path's
+# int64 rows (rows * N into the output, rows * row stride into y) and its int64 feature offsets
+# (feature * feature stride, features stored outermost). The last rows are judged.
+def _gelu_layouts():
+    # name: (rows, N, how y sits in its storage)
+    return {
+        "contiguous": (2**31 // 1024 + 3, 1024, "contiguous"),
+        "row_strided": (2**31 // 1025 + 3, 1024, "sliced"),          # storage rows of N + 1
+        "features_outermost": (2**31 // 1023 + 3, 1024, "transposed"),  # y = storage[N, rows].t()
+    }
+
+
+@pytest.mark.parametrize("op,dtype,config,layout", [pytest.param("bias_gelu", "float16", "huge", lay, id=lay,
+                                                                 marks=pytest.mark.op("bias_gelu"))
+                                                    for lay in _gelu_layouts()])
+def test_bias_gelu_reads_and_writes_past_2_31_elements(op, dtype, config, layout, backend, budgets):
+    assert backend.name == "gpu", "2^21 rows in the interpreter: hours (declared gap interp-huge-rows)"
+    from harness import registry
+    from harness.compare import compare
+
+    rows, N, how = _gelu_layouts()[layout]
+    dev = backend.device
+    if how == "contiguous":
+        y = torch.empty(rows, N, dtype=torch.float16, device=dev)
+    elif how == "sliced":
+        y = torch.empty(rows, N + 1, dtype=torch.float16, device=dev)[:, :N]
+    else:
+        y = torch.empty(N, rows, dtype=torch.float16, device=dev).t()
+    assert max(s * (n - 1) for s, n in zip(y.stride(), y.shape)) >= 2**31 or rows * N > 2**31
+    g = torch.Generator().manual_seed(3)
+    y[-3:] = torch.randn(3, N, generator=g).half().to(dev)
+    bias = torch.randn(N, generator=g).half().to(dev)
+    spec = registry.get("bias_gelu")
+    out = {"out": torch.empty(rows, N, dtype=torch.float16, device=dev)}
+    (got,) = spec.kernel({"y": y, "bias": bias, "approximate": "none"}, out)
+    tail = {"y": y[-3:].clone(), "bias": bias, "approximate": "none"}
+    expected = spec.oracle(tail)
+    (scale,) = spec.error_scale(tail, expected)
+    check = compare("out", got[-3:], expected[0], budgets.get("bias_gelu", "float16", backend.name), None, scale)
+    assert check.passed, f"bias_gelu ({layout}), rows {rows - 3}..{rows - 1}: {check.problem}"
+    del y, out, got
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("adamw", "bfloat16", "huge", id="adamw",
+                                                          marks=pytest.mark.op("adamw"))])
+def test_adamw_updates_elements_past_2_31(op, dtype, config, backend):
+    """The update of an element depends on nothing but its own p, g, m, v, so the last elements
+    of a 2^31 + 1024-element update must equal, bit for bit, the same update run on copies of
+    them: an int32 offset would wrap to another element (or fault)."""
+    assert backend.name == "gpu", "2^21 programs in the interpreter: hours (declared gap interp-huge-rows)"
+    n, tail = 2**31 + 1024, 3000
+    dev = backend.device
+    g = torch.Generator().manual_seed(4)
+    p = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    grad = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    m = torch.zeros(n, dtype=torch.float32, device=dev)
+    v = torch.zeros(n, dtype=torch.float32, device=dev)
+    for t in (p, grad):
+        t[-tail:] = torch.randn(tail, generator=g).to(torch.bfloat16).to(dev)
+    m[-tail:] = torch.randn(tail, generator=g).mul(0.1).to(dev)
+    v[-tail:] = torch.rand(tail, generator=g).mul(0.01).to(dev)
+    small = [t[-tail:].clone() for t in (p, grad, m, v)]
+    kernels.adamw(p, grad, m, v, step=3, lr=1e-2)
+    kernels.adamw(*small, step=3, lr=1e-2)
+    for name, big, ref in zip("pgmv", (p, grad, m, v), small):
+        assert torch.equal(big[-tail:], ref), f"adamw {name}: the last {tail} of {n} elements differ from the same update run on copies"
+    del p, grad, m, v
+    torch.cuda.empty_cache()

@@ -65,6 +65,10 @@ class BiasGelu(Op):
         out += [case(s, seed=13, approximate=a, layout=lay) for s, a in (((32, 128), "none"), ((64, 64), "none"),
                                                                          ((4, 16, 128), "tanh"))
                 for lay in ("contiguous", "transposed")]
+        # Several row tiles and a partial last one (33 rows of 128: tiles of 32 for erf; 65 of 128:
+        # tiles of 64 for tanh), contiguous and strided: the row mask of a later tile.
+        out += [case(s, seed=14, approximate=a, layout=lay) for s, a in (((33, 128), "none"), ((65, 128), "tanh"))
+                for lay in ("contiguous", "transposed")]
         # Every value regime in both forms.
         for approx in ("none", "tanh"):
             out += [case((4, 129), values=v, seed=7, approximate=approx) for v in GELU_REGIMES if v != "normal"]
