@@ -160,12 +160,14 @@ def snapshot(root: Path, dest: Path) -> Path:
     return dest
 
 
-def pytest_command(op: str, backend: str, baseline: str | None, report: str) -> list[str]:
+def pytest_command(op: str, backend: str, baseline: str | None, report: str, keyword: str | None = None) -> list[str]:
     # tests/mutant_plugin.py: its docstring says why it is no module of harness/
     cmd = [sys.executable, "-m", "pytest", "tests/", "--op", op, "--backend", backend, "-x", "-q",
            "-p", "no:cacheprovider", "-p", "mutant_plugin", "--mutant-report", report]
     if baseline:
         cmd += ["--baseline", baseline]
+    if keyword:
+        cmd += ["-k", keyword]
     return cmd
 
 
@@ -188,7 +190,7 @@ def _terminate(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: float) -> Run:
+def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: float, keyword: str | None = None) -> Run:
     """Run one op's tests in `tree`; its own session, so a timeout kills the whole group."""
     report_path = tree / ".mutant-report.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "tests")] + (
@@ -200,7 +202,7 @@ def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: f
         with _live_lock:
             if _stopping.is_set():
                 return Run(op, CRASHED, 0.0, None, "interrupted before it started")
-            proc = subprocess.Popen(pytest_command(op, backend, baseline, str(report_path)), cwd=tree, env=env,
+            proc = subprocess.Popen(pytest_command(op, backend, baseline, str(report_path), keyword), cwd=tree, env=env,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             _live.add(proc)
         try:
@@ -221,7 +223,7 @@ def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: f
 
 
 def run_mutant(template: Path, work: Path, mutant, source: bytes | None, op: str, backend: str,
-               baseline: str | None, timeout: float) -> Run:
+               baseline: str | None, timeout: float, keyword: str | None = None) -> Run:
     """Run one op's tests on a fresh copy of the template with `mutant` applied (None: the
     unmutated tree)."""
     tree = Path(tempfile.mkdtemp(prefix=f"{mutant.id if mutant else 'unmutated'}-{op}-", dir=work))
@@ -236,7 +238,7 @@ def run_mutant(template: Path, work: Path, mutant, source: bytes | None, op: str
             target = tree / mutant.file
             target.unlink()              # a new file: never write through to the template's
             target.write_bytes(mutated)
-        return run_tree(tree, op, backend, baseline, timeout)
+        return run_tree(tree, op, backend, baseline, timeout, keyword)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
 
@@ -351,6 +353,9 @@ def parse_args(argv):
                    help="gate each run against this baseline (default: results/baselines/interpreter.json on the "
                         "interpreter, none on a GPU)")
     p.add_argument("--equivalents", default=EQUIVALENTS, metavar="PATH", help=f"default {EQUIVALENTS}")
+    p.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
+                   help="only the op tests pytest -k EXPR selects (to confirm which test kills a known survivor, "
+                        "e.g. -k past_2_31 on a GPU); the scores then cover those tests only")
     p.add_argument("--every-op", action="store_true",
                    help="run every op's tests on each mutant (default: stop at the first op that kills it, "
                         "quickest op first)")
@@ -452,7 +457,7 @@ def run_command(argv=None) -> int:
         template = snapshot(root, work / "template")
         sources = {f: (template / f).read_bytes() for f in rel_files}
         # The unmutated tree first: every op's tests must pass there, and take how long?
-        clean = {op: pool.submit(run_mutant, template, work, None, None, op, args.backend, baseline, 3600)
+        clean = {op: pool.submit(run_mutant, template, work, None, None, op, args.backend, baseline, 3600, args.keyword)
                  for op in ops}
         timeouts = {}
         for op, future in clean.items():
@@ -473,7 +478,7 @@ def run_command(argv=None) -> int:
         def judge(r: Result) -> None:
             for op in sorted(r.ops, key=lambda o: (cost[o], o)):
                 run = run_mutant(template, work, r.mutant, sources[r.mutant.file], op, args.backend,
-                                 baseline, timeouts[op])
+                                 baseline, timeouts[op], args.keyword)
                 r.runs[op] = run
                 if run.status in (KILLED, INVALID) and not args.every_op:
                     break
@@ -511,7 +516,7 @@ def run_command(argv=None) -> int:
     if args.json:
         payload = {"meta": {"date": started.isoformat(timespec="seconds"), "seconds": round(elapsed, 1),
                             "backend": args.backend, "baseline": baseline, "jobs": args.jobs,
-                            "files": rel_files, "ops": ops, "args": sys.argv[1:] if argv is None else list(argv),
+                            "files": rel_files, "ops": ops, "keyword": args.keyword, "args": sys.argv[1:] if argv is None else list(argv),
                             "equivalents": args.equivalents, "stale_equivalents": stale},
                    **summary, "mutants": [mutant_json(r) for r in results]}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -85,6 +85,8 @@ def refused_by_triton(exc: BaseException) -> bool:
     exc = _innermost_exception(exc)
     if any(cls.__name__ == "CompilationError" for cls in type(exc).__mro__):
         return True
+    if "Triton Error [CUDA]" in str(exc):
+        return False        # the compiled kernel ran and faulted (an illegal address): a kill
     import triton
     triton_dir = Path(triton.__file__).resolve().parent
     libraries = [Path(m.__file__).resolve().parent for m in (sys.modules.get("numpy"), sys.modules.get("torch"))

@@ -219,7 +219,7 @@ class _Runs:
     def __init__(self, mutate, statuses=None):
         self.mutate, self.statuses, self.ran = mutate, statuses or {}, []
 
-    def __call__(self, template, work, mutant, source, op, backend, baseline, timeout):
+    def __call__(self, template, work, mutant, source, op, backend, baseline, timeout, keyword=None):
         self.ran.append(mutant.id if mutant else None)
         status = self.statuses.get(mutant.id if mutant else None, "survived")
         return self.mutate.Run(op, status, 0.1, "tests/test_ops.py::test_pinned[x]" if status == "killed" else None)
@@ -266,7 +266,7 @@ class _TimedRuns(_Runs):
         super().__init__(mutate, statuses)
         self.seconds, self.pairs = seconds, []
 
-    def __call__(self, template, work, mutant, source, op, backend, baseline, timeout):
+    def __call__(self, template, work, mutant, source, op, backend, baseline, timeout, keyword=None):
         self.pairs.append((mutant.id if mutant else None, op))
         status = self.statuses.get((mutant.id if mutant else None, op), "survived")
         return self.mutate.Run(op, status, self.seconds[op] if mutant is None else 0.1,
