@@ -35,3 +35,25 @@ def test_add_rmsnorm_normalises_the_u_it_returns(op, dtype, config, shape, block
     assert not differ.any(), (f"add_rmsnorm's y differs from rmsnorm of its own u in {int(differ.sum())} of "
                               f"{y.numel()} elements (first at {tuple(differ.nonzero()[0].tolist())}): it did not "
                               f"normalise the rounded u it returned")
+
+
+@pytest.mark.parametrize("op,dtype,config,shape,block_cols", [
+    pytest.param("layernorm", "float32", config, shape, block_cols, id=f"{config}-{'x'.join(map(str, shape))}",
+                 marks=pytest.mark.op("layernorm"))
+    for config, shape, block_cols in (("single", (6, 200), None), ("chunked", (3, 1000), 128))])
+def test_layernorm_is_shift_invariant_bit_for_bit(op, dtype, config, shape, block_cols, backend):
+    """layernorm takes its statistics of x - x[0] (the shifted-data algorithm). With x on a grid
+    of 2^-10 in [-8, 8] and a shift c = 1024, x + c is exact in fp32 and so is every
+    (x + c) - (x[0] + c) = x - x[0]: the kernel sees the same numbers, and layernorm(x + c) must
+    equal layernorm(x) bit for bit. Statistics of the raw x (or of x + x[0]) would round
+    differently at 1024 and at 1. The budget cannot see this: it scales with |x| / std."""
+    g = torch.Generator().manual_seed(7)
+    dev = backend.device
+    x = (torch.randint(-8 * 1024, 8 * 1024, shape, generator=g).float() / 1024).to(dev)
+    w = (torch.rand(shape[-1], generator=g) + 0.5).to(dev)
+    b = torch.randn(shape[-1], generator=g).to(dev)
+    y = kernels.layernorm(x, w, b, 1e-5, block_cols=block_cols)
+    y_shifted = kernels.layernorm(x + 1024.0, w, b, 1e-5, block_cols=block_cols)
+    differ = y != y_shifted
+    assert not differ.any(), (f"layernorm(x + 1024) differs from layernorm(x) in {int(differ.sum())} of {y.numel()} "
+                              f"elements: the statistics were not taken of x - x[0]")
