@@ -356,6 +356,12 @@ def parse_args(argv):
     p.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
                    help="only the op tests pytest -k EXPR selects (to confirm which test kills a known survivor, "
                         "e.g. -k past_2_31 on a GPU); the scores then cover those tests only")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="start no mutant after this many seconds (the running ones finish); the rest are left "
+                        "out of the report: for runs inside a time limit")
+    p.add_argument("--skip-clean", action="store_true",
+                   help="skip the unmutated tree's runs (its tests are known to pass: a nightly judges them "
+                        "itself); needs --timeout. On a GPU one op's whole battery compiles for minutes")
     p.add_argument("--every-op", action="store_true",
                    help="run every op's tests on each mutant (default: stop at the first op that kills it, "
                         "quickest op first)")
@@ -425,6 +431,9 @@ def run_command(argv=None) -> int:
             print(f"{_where(r)}  ops: {','.join(r.ops)}{mark}")
         print(f"{len(results)} mutants", file=sys.stderr)
         return 0
+    if args.skip_clean and not args.timeout:
+        print("kernelcheck-mutate: --skip-clean needs --timeout (no unmutated run to time)", file=sys.stderr)
+        return EXIT_USAGE
     if args.jobs < 1:
         print("kernelcheck-mutate: --jobs must be at least 1", file=sys.stderr)
         return EXIT_USAGE
@@ -457,9 +466,10 @@ def run_command(argv=None) -> int:
         template = snapshot(root, work / "template")
         sources = {f: (template / f).read_bytes() for f in rel_files}
         # The unmutated tree first: every op's tests must pass there, and take how long?
+        # (--skip-clean: taken as known, e.g. a nightly whose own runs judge the tree.)
         clean = {op: pool.submit(run_mutant, template, work, None, None, op, args.backend, baseline, 3600, args.keyword)
-                 for op in ops}
-        timeouts = {}
+                 for op in ([] if args.skip_clean else ops)}
+        timeouts = {op: args.timeout for op in ops} if args.skip_clean else {}
         for op, future in clean.items():
             run = future.result()
             print(f"unmutated tree, {op}: {run.status} in {run.seconds:.1f} s", flush=True)
@@ -471,11 +481,17 @@ def run_command(argv=None) -> int:
             timeouts[op] = args.timeout or max(60.0, 3 * run.seconds + 30)
         # A mutant's ops run one after another, the quickest first; once one kills it (or Triton
         # refuses it) the rest are skipped unless --every-op asks for the whole per-op matrix.
-        cost = {op: run.seconds for op, run in ((op, f.result()) for op, f in clean.items())}
+        # Without unmutated runs to time, an op that reaches more kernel functions runs later
+        # (the decoder, which runs them all, last).
+        reach = Counter(op for users in mutant_source.op_map(root).values() for op in users)
+        cost = {op: run.seconds for op, run in ((op, f.result()) for op, f in clean.items())} \
+            or {op: float(reach[op]) for op in ops}
         done = iter(range(1, len(to_run) + 1))
         print_lock = threading.Lock()
 
         def judge(r: Result) -> None:
+            if args.deadline and time.monotonic() - t0 > args.deadline:
+                return          # past --deadline: left unrun (reported as such)
             for op in sorted(r.ops, key=lambda o: (cost[o], o)):
                 run = run_mutant(template, work, r.mutant, sources[r.mutant.file], op, args.backend,
                                  baseline, timeouts[op], args.keyword)
@@ -502,6 +518,12 @@ def run_command(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    unrun = {id(r) for r in to_run if not r.runs}
+    if unrun:
+        print(f"kernelcheck-mutate: --deadline {args.deadline:.0f} s passed; {len(unrun)} mutants left unrun "
+              f"(not in the report)", flush=True)
+        results = [r for r in results if id(r) not in unrun]
+        to_run = [r for r in to_run if id(r) not in unrun]
     for r in to_run:
         r.status = combine(run.status for run in r.runs.values())
         if r.reason and r.status == SURVIVED:
@@ -517,7 +539,7 @@ def run_command(argv=None) -> int:
         payload = {"meta": {"date": started.isoformat(timespec="seconds"), "seconds": round(elapsed, 1),
                             "backend": args.backend, "baseline": baseline, "jobs": args.jobs,
                             "files": rel_files, "ops": ops, "keyword": args.keyword, "args": sys.argv[1:] if argv is None else list(argv),
-                            "equivalents": args.equivalents, "stale_equivalents": stale},
+                            "equivalents": args.equivalents, "stale_equivalents": stale, "unrun": len(unrun)},
                    **summary, "mutants": [mutant_json(r) for r in results]}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")

@@ -8,7 +8,7 @@ Runs are partial and pile up: a whole file on the interpreter, then its survivor
 new case, then the interpreter's survivors on a GPU. The report enumerates the mutants of the
 kernel files *as they are now* (an edited statement is a new mutant: its old verdicts no longer
 count), reads the equivalents file now (a mutant triaged after its run counts as equivalent), and
-takes each mutant's newest verdict per backend. Its final verdict:
+takes each mutant's strongest verdict per backend over all the runs. Its final verdict:
 
     killed      by the interpreter (the `ci` profile, what CI runs)
     killed-gpu  survived the interpreter, killed by the `gpu` profile (a GPU-only path: TMA, bf16
@@ -37,21 +37,24 @@ COLUMNS = ("mutants", "equivalent", "invalid", "judged", "killed", KILLED_GPU, "
            "crashed", NOT_RUN)
 
 
-def latest_verdicts(paths) -> dict:
-    """(backend, mutant id) -> the newest run's entry (status, killing_test, ...) with its date."""
+STRENGTH = ("killed", "invalid", "gate", "timeout", "crashed", "survived")
+
+
+def strongest_verdicts(paths) -> dict:
+    """(backend, mutant id) -> the strongest verdict any run gave it (killed > invalid > gate >
+    timeout > crashed > survived: a mutant some run saw fail a test did compile), with its run. Tests are only ever added, so a mutant killed once
+    stays killed while its statement is unchanged (an edited statement is a new id); runs that
+    saw only some ops (--op) or some tests (-k) add what they found."""
     out = {}
-    runs = []
     for path in paths:
         data = json.loads(Path(path).read_text())
-        runs.append((data["meta"]["date"], data["meta"]["backend"], bool(data["meta"].get("keyword")),
-                     data["mutants"], str(path)))
-    for date, backend, partial, entries, path in sorted(runs):
-        for m in entries:
+        backend = data["meta"]["backend"]
+        for m in data["mutants"]:
             if m["status"] == "equivalent" or not m.get("runs"):
                 continue        # not run in that run: an equivalent then, or interrupted
-            if partial and m["status"] not in ("killed", "invalid") and (backend, m["id"]) in out:
-                continue        # a -k run saw only some tests: its survival overrides no full run
-            out[(backend, m["id"])] = dict(m, date=date, source=path)
+            key = (backend, m["id"])
+            if key not in out or STRENGTH.index(m["status"]) < STRENGTH.index(out[key]["status"]):
+                out[key] = dict(m, date=data["meta"]["date"], source=str(path))
     return out
 
 
@@ -74,7 +77,7 @@ def final_verdict(interp: dict | None, gpu: dict | None) -> str:
 
 def build(paths, root: Path = ROOT, files=None, equivalents_path: str = EQUIVALENTS) -> dict:
     equivalents = load_equivalents(root / equivalents_path)
-    verdicts = latest_verdicts(paths)
+    verdicts = strongest_verdicts(paths)
     files = files or sorted({v["file"] for v in verdicts.values()})
     per_file, rows = defaultdict(Counter), []
     for f in files:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Nightly fuzzing on a GPU in one device call: the random op tests under the nightly profile
 # (GPU-size shapes), in rounds with fresh seeds, for SECONDS (default 540: a call is limited to
-# 600 s), 16 xdist workers, after the pinned catalogue under compute-sanitizer's memcheck. Eight
-# files land in $OUT: findings.md, findings.json, audit.json.gz, hypothesis-db.tar.gz (the example
-# database), nightly.log, device.txt, memcheck.json and memcheck.txt.
+# 600 s), 16 xdist workers, after the pinned catalogue under compute-sanitizer's memcheck and a
+# sample of kernel mutants under the gpu profile. Eight files land in $OUT: findings.md,
+# findings.json, audit.json.gz, hypothesis-db.tar.gz (the example database), nightly.log (the
+# memcheck and mutation summaries first), device.txt, memcheck.json and mutation.json.
 #   OUT=/tmp/out bash scripts/gpu_nightly.sh [SECONDS] [extra pytest args, e.g. --op flash_attention]
 #   RESUME=results/nightly OUT=... bash scripts/gpu_nightly.sh   # a second call: appends to the first's findings
 #   (WORKERS, default 16; ROUND_SECONDS, default a third of SECONDS)
@@ -13,6 +14,7 @@ OUT=${OUT:-/tmp/kernelcheck-nightly}
 BUDGET=${1:-540}
 [ $# -gt 0 ] && shift
 mkdir -p "$OUT"
+: > "$OUT/nightly.log"
 rm -rf /tmp/kernelcheck-nightly-rounds        # a warm machine may hold an earlier call's rounds
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
@@ -24,7 +26,7 @@ memcheck_status=0
 if [ "${MEMCHECK:-1}" != 0 ]; then
   start=$(date +%s)
   python3 -m harness.sanitize --tool memcheck --out /tmp/kernelcheck-memcheck --jobs "${WORKERS:-16}" --timeout 240 \
-      2>&1 | tee "$OUT/memcheck.txt"
+      2>&1 | tee -a "$OUT/nightly.log"
   memcheck_status=${PIPESTATUS[0]}
   python3 - "$OUT/memcheck.json" <<'PY'
 import json, sys
@@ -35,13 +37,27 @@ json.dump(report, open(sys.argv[1], "w"), indent=1)
 PY
   BUDGET=$(( BUDGET - ($(date +%s) - start) ))
 fi
+# Then MUTANTS (default 6) mutants drawn from every kernel file with tonight's date as the seed,
+# each judged by its ops' tests under the gpu profile (harness/mutate.py, docs/mutation.md): the
+# suite's detection power on the GPU, night after night. Track it with
+#   python -m harness.mutation_report --history results/mutation/history.jsonl --add mutation.json
+# MUTANTS=0 skips it.
+if [ "${MUTANTS:-6}" != 0 ]; then
+  start=$(date +%s)
+  # --skip-clean: the fuzzing below judges the unmutated tree (one op's whole battery compiles for
+  # minutes in one process: fp8_matmul 325 s on the H200); an op run past 120 s counts as a
+  # timeout, not a kill (results/mutation/README.md: what a sample costs).
+  python3 -m harness.mutate --backend gpu --sample "${MUTANTS:-6}" --seed "$(date +%Y%m%d)" --jobs 8 \
+      --skip-clean --timeout 120 --deadline 10 --json "$OUT/mutation.json" 2>&1 | grep -v '^\[' | tee -a "$OUT/nightly.log"
+  BUDGET=$(( BUDGET - ($(date +%s) - start) ))
+fi
 args=(--seconds "$BUDGET" --out "$OUT" --work /tmp/kernelcheck-nightly-rounds --db /tmp/kernelcheck-nightly-db
       --workers "${WORKERS:-16}" --compress-audit)
 [ -n "${ROUND_SECONDS:-}" ] && args+=(--round-seconds "$ROUND_SECONDS")
 [ -n "${RESUME:-}" ] && args+=(--resume "$RESUME")
 # The rounds' own files (per-round audits and logs, the database directory) stay outside $OUT:
 # only 8 files come back from a call. A failing round's log tail is in nightly.log.
-python3 -m harness.nightly "${args[@]}" -- -p no:benchmark "$@" 2>&1 | tee "$OUT/nightly.log"
+python3 -m harness.nightly "${args[@]}" -- -p no:benchmark "$@" 2>&1 | tee -a "$OUT/nightly.log"
 status=${PIPESTATUS[0]}
 for log in /tmp/kernelcheck-nightly-rounds/round*/pytest.log; do
   # the failure reports of rounds that found something (their text, not only the summary)

@@ -293,6 +293,18 @@ def test_a_mutants_ops_run_quickest_first_and_stop_at_the_first_kill(tool, monke
     assert ran(first) == ["rmsnorm", "layernorm", "add_rmsnorm", "decoder"]
 
 
+def test_skip_clean_runs_no_unmutated_tree_and_leaves_the_decoder_last(tool, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    first = [m.id for m in tool.mutants.enumerate_mutants(DEVICE) if m.function == "kahan_add"][0]
+    runs = _TimedRuns(tool.mutate, {}, dict.fromkeys(("rmsnorm", "layernorm", "add_rmsnorm", "decoder"), 1.0))
+    monkeypatch.setattr(tool.mutate, "run_mutant", runs)
+    argv = ["kernels/_device.py", "--only", first, "--jobs", "1", "--skip-clean"]
+    assert tool.mutate.main(argv) == tool.mutate.EXIT_USAGE          # needs --timeout
+    assert tool.mutate.main(argv + ["--timeout", "30"]) == 0
+    assert None not in [m for m, _ in runs.pairs]
+    assert [op for _, op in runs.pairs][-1] == "decoder" and len(runs.pairs) == 4
+
+
 def test_a_red_unmutated_tree_stops_the_run(tool, monkeypatch, capsys):
     monkeypatch.setattr(tool.mutate, "run_mutant", _Runs(tool.mutate, {None: "killed"}))
     monkeypatch.chdir(ROOT)
