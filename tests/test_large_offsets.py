@@ -64,6 +64,19 @@ HUGE_ROWS = 2**31 // HUGE_D + 2            # the last row starts 2^31 + 16384 el
 ROW_OPS = ("rmsnorm", "layernorm", "add_rmsnorm", "softmax")
 
 
+def _judge_tail(op: str, got: tuple, tail_inputs: dict, budget, where: str) -> None:
+    """Judge the outputs' tails (`got`: tensors already cut to the judged part) against the float64
+    oracle of the same part of the inputs, under the op's budget, as the op checks do."""
+    from harness import registry
+    from harness.compare import compare
+
+    spec = registry.get(op)
+    expected = spec.oracle(tail_inputs)
+    for name, g, e, sc in zip(spec.outputs, got, expected, spec.error_scale(tail_inputs, expected)):
+        check = compare(name, g, e, budget, None, sc)
+        assert check.passed, f"{op} output {name}, {where}: {check.problem}"
+
+
 def _huge_inputs(op: str, device):
     g = torch.Generator().manual_seed(1)
 
@@ -88,19 +101,14 @@ def _huge_inputs(op: str, device):
 def test_row_kernels_write_rows_past_2_31_elements(op, dtype, config, backend, budgets):
     assert backend.name == "gpu", "2^17 programs in the interpreter: hours (declared gap interp-huge-rows)"
     from harness import registry
-    from harness.compare import compare
 
     spec = registry.get(op)
     inp = _huge_inputs(op, backend.device)
     out = {name: torch.empty(HUGE_ROWS, HUGE_D, dtype=torch.float16, device=backend.device) for name in spec.outputs}
     got = spec.kernel(inp, out)
     tail = {k: (v[-3:] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in inp.items()}
-    expected = spec.oracle(tail)
-    scales = spec.error_scale(tail, expected)
-    budget = budgets.get(op, dtype, backend.name)
-    for name, g, e, sc in zip(spec.outputs, got, expected, scales):
-        check = compare(name, g[-3:], e, budget, None, sc)
-        assert check.passed, f"{op} output {name}, rows {HUGE_ROWS - 3}..{HUGE_ROWS - 1}: {check.problem}"
+    _judge_tail(op, tuple(g[-3:] for g in got), tail, budgets.get(op, dtype, backend.name),
+                f"rows {HUGE_ROWS - 3}..{HUGE_ROWS - 1}")
     del inp, out, got
     torch.cuda.empty_cache()
 
@@ -126,7 +134,6 @@ def _rope_layouts():
 def test_rope_reads_and_writes_past_2_31_elements(op, dtype, config, layout, backend, budgets):
     assert backend.name == "gpu", "millions of programs in the interpreter: hours (declared gap interp-huge-rows)"
     from harness import registry
-    from harness.compare import compare
 
     T, H, D, rotary_dim, order = _rope_layouts()[layout]
     sizes = (T, H, D)
@@ -141,10 +148,7 @@ def test_rope_reads_and_writes_past_2_31_elements(op, dtype, config, layout, bac
     out = {"y": torch.empty(1, T, H, D, dtype=torch.float16, device=backend.device)}
     (y,) = spec.kernel(inp, out)
     last = dict(inp, x=x[:, -1:].clone(), positions=positions[:, -1:].clone())
-    expected = spec.oracle(last)
-    (scale,) = spec.error_scale(last, expected)
-    check = compare("y", y[:, -1:], expected[0], budgets.get("rope", "float16", backend.name), None, scale)
-    assert check.passed, f"rope ({layout}), token {T - 1}: {check.problem}"
+    _judge_tail("rope", (y[:, -1:],), last, budgets.get("rope", "float16", backend.name), f"{layout}, token {T - 1}")
     del storage, x, out, y
     torch.cuda.empty_cache()
 
@@ -167,7 +171,6 @@ def _gelu_layouts():
 def test_bias_gelu_reads_and_writes_past_2_31_elements(op, dtype, config, layout, backend, budgets):
     assert backend.name == "gpu", "2^21 rows in the interpreter: hours (declared gap interp-huge-rows)"
     from harness import registry
-    from harness.compare import compare
 
     rows, N, how = _gelu_layouts()[layout]
     dev = backend.device
@@ -185,10 +188,8 @@ def test_bias_gelu_reads_and_writes_past_2_31_elements(op, dtype, config, layout
     out = {"out": torch.empty(rows, N, dtype=torch.float16, device=dev)}
     (got,) = spec.kernel({"y": y, "bias": bias, "approximate": "none"}, out)
     tail = {"y": y[-3:].clone(), "bias": bias, "approximate": "none"}
-    expected = spec.oracle(tail)
-    (scale,) = spec.error_scale(tail, expected)
-    check = compare("out", got[-3:], expected[0], budgets.get("bias_gelu", "float16", backend.name), None, scale)
-    assert check.passed, f"bias_gelu ({layout}), rows {rows - 3}..{rows - 1}: {check.problem}"
+    _judge_tail("bias_gelu", (got[-3:],), tail, budgets.get("bias_gelu", "float16", backend.name),
+                f"{layout}, rows {rows - 3}..{rows - 1}")
     del y, out, got
     torch.cuda.empty_cache()
 
