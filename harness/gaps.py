@@ -77,7 +77,7 @@ GAPS = (
                "lane guard (harness/oob_guard.py) checks every load and store instead",
         link="tests/test_memory_safety.py", configs=("sanitizer",)),
     Gap(id="interp-huge-rows", backend="interpreter",
-        reason="a row or rope kernel over a tensor of more than 2^31 elements runs 2^17 programs or "
+        reason="a kernel over a tensor of more than 2^31 elements (rows, rope, GEMM) runs 2^14 programs or "
                "more: hours in the interpreter; the GPU checks the int64 offsets",
         link="tests/test_large_offsets.py", configs=("huge",)),
     Gap(id="interp-runtime-loop-numpy25", backend="interpreter",

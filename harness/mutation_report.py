@@ -18,7 +18,10 @@ takes each mutant's strongest verdict per backend over all the runs. Its final v
     not run     no run of the current mutant on any backend
 
 Scores: ci = killed / judged, both = (killed + killed-gpu) / judged, judged = the mutants not
-equivalent, invalid, crashed or not run. `--history FILE --add RUN.json` appends one line per
+equivalent, invalid, crashed or not run; and ci on the interpreter's paths = killed / (judged -
+killed-gpu): a killed-gpu mutant sits on a path only a GPU test reaches (each is listed with the
+test that killed it), so the CI profile is judged on the rest, the GPU-only paths by the `gpu`
+profile. `--history FILE --add RUN.json` appends one line per
 run (date, backend, sample, score) to a history file: how the nightly GPU sample is tracked.
 """
 from __future__ import annotations
@@ -99,14 +102,20 @@ def build(paths, root: Path = ROOT, files=None, equivalents_path: str = EQUIVALE
         judged = sum(c[s] for s in ("killed", KILLED_GPU, "gate", "survived", "timeout"))
         table[f] = {"mutants": sum(c.values()), **{s: c[s] for s in COLUMNS[1:] if s != "judged"}, "judged": judged,
                     "ci": round(c["killed"] / judged, 4) if judged else None,
+                    "ci_paths": _ratio(c["killed"], judged - c[KILLED_GPU]),
                     "both": round((c["killed"] + c[KILLED_GPU]) / judged, 4) if judged else None}
     total = Counter()
     for s in table.values():
         total.update({k: v for k, v in s.items() if isinstance(v, int)})
     judged = total["judged"]
     table["all"] = {**{k: total[k] for k in COLUMNS}, "ci": round(total["killed"] / judged, 4) if judged else None,
+                    "ci_paths": _ratio(total["killed"], judged - total[KILLED_GPU]),
                     "both": round((total["killed"] + total[KILLED_GPU]) / judged, 4) if judged else None}
     return {"files": table, "mutants": rows, "runs": sorted({v["source"] for v in verdicts.values()})}
+
+
+def _ratio(a: int, b: int):
+    return round(a / b, 4) if b else None
 
 
 def _pct(x) -> str:
@@ -114,11 +123,11 @@ def _pct(x) -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| kernel file | " + " | ".join(COLUMNS) + " | score (ci) | score (ci + gpu) |",
-             "|---|" + "---|" * (len(COLUMNS) + 2)]
+    lines = ["| kernel file | " + " | ".join(COLUMNS) + " | score (ci) | score (ci, interpreter paths) | score (ci + gpu) |",
+             "|---|" + "---|" * (len(COLUMNS) + 3)]
     for f, s in report["files"].items():
         name = f"**{f}**" if f == "all" else f"`{f}`"
-        lines.append(f"| {name} | " + " | ".join(str(s[c]) for c in COLUMNS) + f" | {_pct(s['ci'])} | {_pct(s['both'])} |")
+        lines.append(f"| {name} | " + " | ".join(str(s[c]) for c in COLUMNS) + f" | {_pct(s['ci'])} | {_pct(s['ci_paths'])} | {_pct(s['both'])} |")
     for title, verdicts in (("Survivors (not killed, not equivalent)", ("survived", "timeout", "gate")),
                             ("Killed on the GPU only", (KILLED_GPU,)), ("Not run", (NOT_RUN,))):
         chosen = [m for m in report["mutants"] if m["verdict"] in verdicts]

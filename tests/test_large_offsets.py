@@ -60,7 +60,8 @@ def test_embedding_writes_and_reads_features_past_2_31_elements(op, dtype, confi
 # (results/mutation/README.md). On the interpreter the kernel would run 2^17 programs: a
 # declared gap (interp-huge-rows).
 HUGE_D = 16384
-HUGE_ROWS = 2**31 // HUGE_D + 2            # the last row starts 2^31 + 16384 elements in
+HUGE_ROWS = {"rows": 2**31 // HUGE_D + 2,                  # the last row starts 2^31 + 16384 elements in
+             "features_outermost": 2**31 // (HUGE_D - 1) + 2}  # the last column starts past 2^31
 ROW_OPS = ("rmsnorm", "layernorm", "add_rmsnorm", "softmax")
 
 
@@ -77,11 +78,15 @@ def _judge_tail(op: str, got: tuple, tail_inputs: dict, budget, where: str) -> N
         assert check.passed, f"{op} output {name}, {where}: {check.problem}"
 
 
-def _huge_inputs(op: str, device):
+def _huge_inputs(op: str, device, layout: str):
     g = torch.Generator().manual_seed(1)
+    rows = HUGE_ROWS[layout]
 
     def tall():
-        t = torch.empty(HUGE_ROWS, HUGE_D, dtype=torch.float16, device=device)
+        if layout == "rows":
+            t = torch.empty(rows, HUGE_D, dtype=torch.float16, device=device)
+        else:       # features_outermost: stored [D, rows], so column j sits j * rows elements in
+            t = torch.empty(HUGE_D, rows, dtype=torch.float16, device=device).t()
         t[-3:] = torch.randn(3, HUGE_D, generator=g).half().to(device)
         return t
 
@@ -96,19 +101,24 @@ def _huge_inputs(op: str, device):
     return {"x": x, "scale": 1.0, "causal": False}
 
 
-@pytest.mark.parametrize("op,dtype,config", [pytest.param(op, "float16", "huge", id=op, marks=pytest.mark.op(op))
-                                             for op in ROW_OPS])
-def test_row_kernels_write_rows_past_2_31_elements(op, dtype, config, backend, budgets):
+@pytest.mark.parametrize("op,dtype,config,layout", [
+    pytest.param(op, "float16", "huge", layout, id=op if layout == "rows" else f"{op}-{layout}", marks=pytest.mark.op(op))
+    for op in ROW_OPS for layout in ("rows", "features_outermost")])
+def test_row_kernels_write_rows_past_2_31_elements(op, dtype, config, layout, backend, budgets):
+    """rows: the last rows start past 2^31 elements (row offsets in int64); features_outermost:
+    the input is stored transposed, so a column index times the feature stride passes 2^31
+    (column offsets in int64, load_tile)."""
     assert backend.name == "gpu", "2^17 programs in the interpreter: hours (declared gap interp-huge-rows)"
     from harness import registry
 
     spec = registry.get(op)
-    inp = _huge_inputs(op, backend.device)
-    out = {name: torch.empty(HUGE_ROWS, HUGE_D, dtype=torch.float16, device=backend.device) for name in spec.outputs}
+    rows = HUGE_ROWS[layout]
+    inp = _huge_inputs(op, backend.device, layout)
+    out = {name: torch.empty(rows, HUGE_D, dtype=torch.float16, device=backend.device) for name in spec.outputs}
     got = spec.kernel(inp, out)
-    tail = {k: (v[-3:] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in inp.items()}
+    tail = {k: (v[-3:].contiguous() if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in inp.items()}
     _judge_tail(op, tuple(g[-3:] for g in got), tail, budgets.get(op, dtype, backend.name),
-                f"rows {HUGE_ROWS - 3}..{HUGE_ROWS - 1}")
+                f"{layout}, rows {rows - 3}..{rows - 1}")
     del inp, out, got
     torch.cuda.empty_cache()
 
@@ -224,4 +234,31 @@ def test_adamw_updates_elements_past_2_31(op, dtype, config, backend):
                                    msg=lambda text: f"adamw {name}: the last {tail} of {n} elements against the "
                                                     f"same update run on copies: {text}")
     del p, grad, m, v
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config,layout", [pytest.param("matmul", "float32", "huge", lay, id=lay,
+                                                                 marks=pytest.mark.op("matmul"))
+                                                    for lay in ("output_rows", "input_rows", "weight_rows")])
+def test_matmul_reads_and_writes_past_2_31_elements(op, dtype, config, layout, backend, budgets):
+    """The pointer kernel (fp32 always takes it) forms its row offsets in int64 (gemm_tile and the
+    store). output_rows: y has 2^31 + 3072 elements, its last three rows (and a's) are judged;
+    input_rows: a has 2^31 + 3072 elements (y only 2^25); weight_rows: w has 2^31 + 1024
+    elements, the columns of y that its last rows make are judged."""
+    assert backend.name == "gpu", "2^14 tiles in the interpreter: hours (declared gap interp-huge-rows)"
+    M, N, K = {"output_rows": (2**31 // 1024 + 3, 1024, 16), "input_rows": (2**31 // 1024 + 3, 16, 1024),
+               "weight_rows": (3, 2**31 // 16 + 64, 16)}[layout]
+    dev = backend.device
+    g = torch.Generator().manual_seed(6)
+    a = torch.zeros(M, K, dtype=torch.float32, device=dev)
+    w = torch.zeros(N, K, dtype=torch.float32, device=dev)
+    rows, cols = (slice(None), slice(-64, None)) if layout == "weight_rows" else (slice(-3, None), slice(None))
+    a[rows] = torch.randn(a[rows].shape, generator=g).to(dev)
+    w[cols] = torch.randn(w[cols].shape, generator=g).to(dev)
+    bias = torch.randn(N, generator=g).to(dev)
+    y = kernels.matmul(a, w, bias)
+    tail = {"a": a[rows].clone(), "w": w[cols].clone(), "bias": bias[cols].clone(), "activation": "none"}
+    _judge_tail("matmul", (y[rows, cols],), tail, budgets.get("matmul", "float32", backend.name),
+                f"{layout}: y[{rows.start or 0}:, {cols.start or 0}:] of {M} x {N}")
+    del a, w, y
     torch.cuda.empty_cache()

@@ -60,6 +60,7 @@ class BiasGelu(Op):
         out += [case((2, d), config="tiled", seed=d) for d in (TILE - 1, TILE, TILE + 1, 4 * TILE + 1)]
         out += [case((4, 3, 65), layout=lay, seed=3) for lay in ("transposed", "permuted", "sliced", "broadcast", "offset")]
         out += [case((2, 3, 2, 2, 17), layout="permuted")]      # 4 unmergeable leading dims: copied
+        out += [case((2, 3, 4, 17), layout="permuted")]         # 3 of them: the whole (n0, n1, n2) row grid
         # Whole tiles only (the unmasked path), contiguous and strided, both forms: 32 x 128 and
         # 64 x 64 tile exactly for erf, 4 x 2 x 128 for tanh (twice the rows a tile).
         out += [case(s, seed=13, approximate=a, layout=lay) for s, a in (((32, 128), "none"), ((64, 64), "none"),

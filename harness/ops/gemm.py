@@ -45,6 +45,7 @@ class GemmOp(Op):
     activations = ACTIVATIONS
     default_activation = "none"
     nonfinite_weights = True
+    tma_params: dict = {}       # params that send a contiguous 16-bit case down the TMA path
 
     def _operands(self, case, device, n_weights):
         gen = case.generator()
@@ -52,8 +53,9 @@ class GemmOp(Op):
         a = make_input((*lead, K), case.dtype, gen, device, values=case.values, layout=case.layout)
         ws = [make_input((N, K), case.dtype, gen, device, values=case.param("w_values", "normal"), layout=case.layout)
               for _ in range(n_weights)]
-        bs = [make_param((N,), case.dtype, gen, device, strided=case.layout == "sliced") if case.param("bias", False)
-              else None for _ in range(n_weights)]
+        bias_std = 2.0**17 if case.param("bias_values", "normal") == "large" else 1.0
+        bs = [make_param((N,), case.dtype, gen, device, std=bias_std, strided=case.layout == "sliced")
+              if case.param("bias", False) else None for _ in range(n_weights)]
         return a, ws, bs
 
     def output_shapes(self, inp):
@@ -90,6 +92,8 @@ class GemmOp(Op):
         tiles = [(15, 16, 16), (17, 16, 16), (16, 15, 16), (16, 17, 16), (16, 16, 15), (16, 16, 17),
                  (17, 17, 17), (33, 31, 47)]
         out += [case(s, seed=i, i=i, config="small") for i, s in enumerate(tiles)]
+        # 10 row tiles in groups of GROUP_M = 8: a last group of 2 (the grouped tile order's edge).
+        out += [case((145, 20, 17), seed=9, config="small")]
         # K = 1, M = 1, one element, odd sizes (1000 x 999 x 1001-like, scaled to the
         # interpreter), a long K on a single row, a batch of leading dims.
         sizes = [(8, 9, 1), (1, 65, 64), (1, 1, 1), (63, 127, 129), (64, 130, 129), (1, 37, 1001), (3, 5, 7, 33)]
@@ -113,6 +117,10 @@ class GemmOp(Op):
                 for j, v in enumerate(GEMM_REGIMES[1:]) for act in (acts[0], acts[1])]
         if self.nonfinite_weights:
             out += [case((6, 20, 30), seed=60, w_values="nonfinite", activation=act) for act in acts[-2:]]
+        if dtype != "float16":
+            # A bias beyond fp16's range (~2^17): read as fp16 anywhere on its way, it turns to inf.
+            # 40 rows and aligned rows: the TMA path on a GPU for bf16.
+            out += [case((40, 24, 64), seed=80, bias_values="large", activation=acts[0], **self.tma_params)]
         return out
 
 
@@ -151,6 +159,7 @@ class SwiGLU(GemmOp):
     # z ~ -5.6, silu below ~ -88): 0 * inf is NaN in any fp32 evaluation, while the float64
     # oracle's tiny gate gives inf. Non-finite x is checked (both projections go non-finite).
     nonfinite_weights = False
+    tma_params = {"merged": True}
 
     def extra_params(self, draw, layout) -> dict:
         # merged: the weights are the halves of one [2N, K] tensor (the kernel's TMA path).

@@ -42,6 +42,7 @@ class RowOp(Op):
         out += [case((2, 4097), config="chunked")]
         out += [case((4, 3, 65), layout=lay) for lay in ("transposed", "permuted", "sliced", "broadcast", "offset")]
         out += [case((2, 3, 2, 2, 17), layout="permuted")]    # 4 leading dims no stride merges: copied
+        out += [case((2, 3, 4, 17), layout="permuted")]       # 3 such dims: the whole (n0, n1, n2) row grid
         out += [case((4, 129), values=v, seed=7) for v in ROW_REGIMES if v != "normal"]
         out += [case((4, 129), values=v, config="chunked", seed=8) for v in ("large", "constant", "nonfinite")]
         return out
