@@ -38,6 +38,16 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+
+def default_path() -> Path:
+    """The budgets file: tolerances.toml at the repository root (a clone, an editable install),
+    else the copy a built package carries inside harness/ (setup.py puts it there)."""
+    here = Path(__file__).resolve().parent
+    for path in (here.parent / "tolerances.toml", here / "tolerances.toml"):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no tolerances.toml next to {here} or in it: a broken install of kernelcheck")
+
 from harness import registry
 
 NUMBER_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor", "bound_rtol")

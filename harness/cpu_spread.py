@@ -408,7 +408,7 @@ def main(argv=None) -> int:
     ap.add_argument("--openblas-only", action="store_true",
                     help="vary only OpenBLAS's core type; leave torch's MKL and ATen dispatch to this machine")
     ap.add_argument("--write-baseline", metavar="PATH", help="write the envelope baseline of the runs to PATH")
-    ap.add_argument("--tolerances", default=str(ROOT / "tolerances.toml"), metavar="PATH",
+    ap.add_argument("--tolerances", default=str(budget_file.default_path()), metavar="PATH",
                     help="budgets file with the gate's settings (default: the repository's); passed to pytest too")
     ap.add_argument("pytest_args", nargs="*", metavar="-- PYTEST ARGS", help="more pytest arguments, after --")
     args = ap.parse_args(argv)

@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--latest-per-op", action="store_true",
                     help="take each op's records of a dtype from the last audit that holds them (re-runs replace "
                          "earlier runs)")
-    ap.add_argument("--tolerances", default=str(Path(__file__).resolve().parents[1] / "tolerances.toml"),
+    ap.add_argument("--tolerances", default=str(budget_file.default_path()),
                     metavar="PATH", help="the budgets file with the gate's settings (default: the repository's)")
     args = ap.parse_args(argv)
     if args.update_baseline and not args.baseline:

@@ -148,8 +148,8 @@ def pytest_addoption(parser):
                     default="off" if os.environ.get("KERNELCHECK_MEMORY_GUARD") == "0" else "on",
                     help="guard regions around every buffer a check hands a kernel (default on; "
                          "kernelcheck-sanitize turns them off: docs/memory-safety.md)")
-    group.addoption("--tolerances", default=str(ROOT / "tolerances.toml"), metavar="PATH",
-                    help="the budgets file (default: tolerances.toml at the repository root)")
+    group.addoption("--tolerances", default=str(budget_file.default_path()), metavar="PATH",
+                    help="the budgets file (default: tolerances.toml at the repository root, or an installed package's copy)")
     group.addoption("--baseline", default=None, metavar="PATH",
                     help="compare every case group's worst error with this baseline (of this backend and "
                          f"profile); a regression exits {baselines.EXIT_REGRESSION}")
@@ -479,7 +479,11 @@ def pytest_collection_modifyitems(config, items):
             if gap is not None and s.impls and not s.impls[op].triton:
                 gap = None          # a gap of Triton's backend; this implementation does not run through Triton
             if gap is not None:
-                item.add_marker(pytest.mark.xfail(strict=True, reason=gap.marker_reason()))
+                reason = gap.marker_reason()
+                if s.impls:     # an unexpected pass here most often means: not a Triton implementation
+                    reason += (f"; {s.impls[op].name} is taken to run through Triton: if it does not, "
+                               f"declare Implementation(..., triton=False) (docs/plugins.md)")
+                item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

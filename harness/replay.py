@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.replay", description=__doc__.splitlines()[0])
     parser.add_argument("case", help="the case as JSON, as printed in a failure message")
     parser.add_argument("--backend", default="auto", choices=backends.BACKENDS)
-    parser.add_argument("--tolerances", default=str(ROOT / "tolerances.toml"))
+    parser.add_argument("--tolerances", default=str(budget_file.default_path()))
     parser.add_argument("--impl", default=None, help="the implementation checked instead of the kernel (as given to pytest)")
     args = parser.parse_args(argv)
 
