@@ -51,7 +51,7 @@ from pathlib import Path
 from harness import audit
 
 FORMAT = 1
-EXIT_REGRESSION = 6            # pytest uses 0-5; see README "Baselines"
+EXIT_REGRESSION = 6            # pytest uses 0-5; see docs/baselines.md
 KEY = ("op", "dtype", "test", "config", "values", "output")
 BUDGET_KEYS = ("atol", "rtol", "ref_ratio", "ref_floor", "bound_rtol")
 OPTIONAL_BUDGET_KEYS = {"bound_rtol": 0.0}    # absent from rows written before it existed: this value

@@ -302,7 +302,7 @@ def test_ci_runs_the_readme_commands_and_the_committed_baseline_is_current():
         if (b.atol, b.rtol, b.ref_ratio, b.ref_floor if b.ref_ratio is not None else 0.0) != (
                 row["atol"], row["rtol"], row["ref_ratio"], row["ref_floor"]):
             stale.append(f"{row['op']}.{row['dtype']}")
-    assert not stale, f"budgets changed since the baseline (regenerate it, README 'Baselines'): {sorted(set(stale))}"
+    assert not stale, f"budgets changed since the baseline (regenerate it, docs/baselines.md): {sorted(set(stale))}"
 
 
 def test_worst_case_of_tied_errors_does_not_depend_on_the_order_records_arrive():
