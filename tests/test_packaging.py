@@ -18,7 +18,7 @@ def rmsnorm(x, w, eps):
 
 def test_a_wheel_carries_the_budgets_and_checks_a_users_kernel(tmp_path):
     src = tmp_path / "src"
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "tolerances.toml"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "tolerances.toml", "tests/mutant_plugin.py"):
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, src / name)
     for pkg in PACKAGES:
@@ -30,6 +30,9 @@ def test_a_wheel_carries_the_budgets_and_checks_a_users_kernel(tmp_path):
     (wheel,) = wheels.glob("kernelcheck-*.whl")
     subprocess.run(pip + ["install", "--no-deps", "--target", str(site), str(wheel)], check=True, capture_output=True)
     assert (site / "harness" / "tolerances.toml").read_bytes() == (ROOT / "tolerances.toml").read_bytes()
+    # kernelcheck-mutate --impl's pytest plugin (harness/mutate.py PLUGIN_DIR)
+    assert (site / "harness" / "tests" / "mutant_plugin.py").read_bytes() == \
+        (ROOT / "tests" / "mutant_plugin.py").read_bytes()
 
     project = tmp_path / "project"            # someone else's repository: their kernel, nothing of ours
     project.mkdir()
