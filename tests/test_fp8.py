@@ -89,6 +89,24 @@ def test_quantize_every_rounding_boundary(name, granularity, backend):
     assert torch.equal(x8.cpu().view(torch.uint8), x.cpu().to(FP8[name]).view(torch.uint8))
 
 
+@pytest.mark.op("quantize_fp8")
+@pytest.mark.parametrize("name", FP8)
+def test_quantize_every_kind_of_nan(name, backend):
+    """NaN is any fp32 above +inf in magnitude, whatever its payload: the smallest (0x7F800001, a
+    signalling NaN), the quiet one torch makes, the largest, both signs, each a NaN code; +-inf
+    saturate to +-max. A given scale of 1, so the NaNs do not reach the scale."""
+    bits = np.array([0x7F800001, 0x7FC00000, 0x7FFFFFFF, 0xFF800001, 0xFFC00000, 0xFFFFFFFF,
+                     0x7F800000, 0xFF800000, 0x7F7FFFFF], dtype=np.uint32)
+    x = torch.from_numpy(bits.view(np.float32).copy()).to(backend.device)
+    one = torch.ones((), dtype=torch.float32, device=backend.device)
+    x8, _ = kernels.quantize_fp8(x, FP8[name], "tensor", scale=one)
+    e8, _ = oracles.quantize_fp8(x, FP8[name], "tensor", scale=one)
+    verdict = compare("x8", x8, e8, EXACT)
+    assert verdict.passed, f"x8: {verdict.problem} at {verdict.worst_index}: got {verdict.worst_got!r}, " \
+                           f"expected {verdict.worst_expected!r}"
+    assert torch.isnan(x8.float().cpu()[:6]).all()
+
+
 @triton.jit
 def _convert_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)

@@ -262,3 +262,52 @@ def test_matmul_reads_and_writes_past_2_31_elements(op, dtype, config, layout, b
                 f"{layout}: y[{rows.start or 0}:, {cols.start or 0}:] of {M} x {N}")
     del a, w, y
     torch.cuda.empty_cache()
+
+
+# FP8. quantize_fp8: row offsets past 2^31 in the per-tensor amax pass, in the loads and in the
+# codes' store; a given per-row scale 16385 floats apart, so row * its stride passes 2^31 too.
+# The rows before the last three are zeros: the per-tensor amax must come from the last rows.
+# fp8_matmul: output rows past 2^31 on the pointer path (K = 40: rows of 40 bytes are not the
+# 16-byte rows the TMA path needs). Killed the fp8 mutation run's int64 survivors.
+@pytest.mark.parametrize("op,dtype,config,mode", [pytest.param("quantize_fp8", "float16", "huge", mode, id=mode,
+                                                               marks=pytest.mark.op("quantize_fp8"))
+                                                  for mode in ("tensor", "row", "given_row")])
+def test_quantize_fp8_rows_past_2_31_elements(op, dtype, config, mode, backend, budgets):
+    assert backend.name == "gpu", "2^17 programs in the interpreter: hours (declared gap interp-huge-rows)"
+    dev = backend.device
+    rows = HUGE_ROWS["rows"]
+    g = torch.Generator().manual_seed(6)
+    x = torch.zeros(rows, HUGE_D, dtype=torch.float16, device=dev)
+    x[-3:] = (torch.randn(3, HUGE_D, generator=g) * 100).half().to(dev)
+    scale = None
+    if mode == "given_row":
+        scale = torch.empty(rows, HUGE_D + 1, dtype=torch.float32, device=dev)[:, :1]
+        scale[-3:] = torch.tensor([[0.25], [0.5], [0.125]], device=dev)
+    granularity = "tensor" if mode == "tensor" else "row"
+    inp = {"x": x, "dtype": torch.float8_e4m3fn, "granularity": granularity, "scale": scale}
+    x8, s = kernels.quantize_fp8(x, torch.float8_e4m3fn, granularity, scale=scale)
+    tail = dict(inp, x=x[-3:].clone(), scale=None if scale is None else scale[-3:].clone())
+    _judge_tail(op, (x8[-3:], s if granularity == "tensor" else s[-3:]), tail,
+                budgets.get(op, dtype, backend.name), f"{mode}, rows {rows - 3}..{rows - 1}")
+    del x, x8, s, scale, inp
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("fp8_matmul", "bfloat16", "huge",
+                                                          marks=pytest.mark.op("fp8_matmul"))])
+def test_fp8_matmul_writes_rows_past_2_31_elements(op, dtype, config, backend, budgets):
+    assert backend.name == "gpu", "2^13 tiles of 2^19 rows in the interpreter: hours (declared gap interp-huge-rows)"
+    dev = backend.device
+    N, K = 4096, 40
+    M = 2**31 // N + 64                                   # the last 64 rows start past 2^31 elements
+    g = torch.Generator().manual_seed(7)
+    a8 = torch.randn(M, K, generator=g).to(torch.float8_e4m3fn).to(dev)
+    b8 = torch.randn(N, K, generator=g).to(torch.float8_e4m3fn).to(dev)
+    sa = torch.rand(M, 1, generator=g).add_(0.5).to(dev)
+    sb = torch.rand(N, generator=g).add_(0.5).to(dev)
+    y = kernels.fp8_matmul(a8, b8, sa, sb, out_dtype=torch.bfloat16)
+    tail = {"a8": a8[-64:].clone(), "b8": b8, "scale_a": sa[-64:].clone(), "scale_b": sb, "bias": None,
+            "out_dtype": torch.bfloat16}
+    _judge_tail(op, (y[-64:],), tail, budgets.get(op, dtype, backend.name), f"rows {M - 64}..{M - 1}")
+    del a8, y
+    torch.cuda.empty_cache()
