@@ -26,6 +26,14 @@ reason) are reported as `equivalent` and not run. The mutation score is killed /
 equivalent - invalid - crashed), per kernel file and per op; "with the gate" counts gate as
 caught too.
 
+A plug-in implementation (docs/plugins.md) is mutated the same way, from its own project:
+
+    kernelcheck-mutate mypkg/norms.py --impl rmsnorm=mypkg.norms:rmsnorm
+
+mutates the @triton.jit functions of the given files (in the project: the current directory, or
+--root) and judges each mutant with the battery of the ops the implementations cover
+(`kernelcheck --impl ...`), so a kernel author learns how much of their kernel the battery sees.
+
 Exit status: 0 when the run completed (whatever the score), 2 on a usage error, 3 when the
 unmutated tree already fails an op's tests (no mutant can be judged against a red suite).
 """
@@ -53,6 +61,8 @@ from pathlib import Path
 from harness import mutants as mutant_source
 
 ROOT = Path(__file__).resolve().parents[1]
+# tests/mutant_plugin.py; a built package carries a copy in harness/tests/ (setup.py)
+PLUGIN_DIR = ROOT / "tests" if (ROOT / "tests" / "mutant_plugin.py").is_file() else Path(__file__).parent / "tests"
 EQUIVALENTS = "results/mutation/equivalent.toml"
 BASELINES = {"interpreter": "results/baselines/interpreter.json"}
 EXIT_USAGE, EXIT_RED = 2, 3
@@ -160,10 +170,29 @@ def snapshot(root: Path, dest: Path) -> Path:
     return dest
 
 
-def pytest_command(op: str, backend: str, baseline: str | None, report: str, keyword: str | None = None) -> list[str]:
+def impl_modules(specs) -> list[str]:
+    """The top-level modules of --impl OP=module:attr specs: the code a plug-in mutant run must
+    import from its private tree."""
+    out = []
+    for spec in specs:
+        target = spec.partition("=")[2] or spec
+        if ":" not in target:
+            raise UsageError(f"--impl {spec}: give module:attribute (an entry point names installed code, "
+                             f"not the files mutated here)")
+        out.append(target.split(":")[0].split(".")[0])
+    return sorted(set(out))
+
+
+def pytest_command(op: str, backend: str, baseline: str | None, report: str, keyword: str | None = None,
+                   impls: tuple = ()) -> list[str]:
     # tests/mutant_plugin.py: its docstring says why it is no module of harness/
-    cmd = [sys.executable, "-m", "pytest", "tests/", "--op", op, "--backend", backend, "-x", "-q",
-           "-p", "no:cacheprovider", "-p", "mutant_plugin", "--mutant-report", report]
+    if impls:       # a plug-in: the battery (harness/battery.py) against the mutated implementation
+        cmd = [sys.executable, "-m", "harness.cli", *[a for s in impls for a in ("--impl", s)],
+               "--mutant-code", ",".join(impl_modules(impls))]
+    else:
+        cmd = [sys.executable, "-m", "pytest", "tests/"]
+    cmd += ["--op", op, "--backend", backend, "-x", "-q",
+            "-p", "no:cacheprovider", "-p", "mutant_plugin", "--mutant-report", report]
     if baseline:
         cmd += ["--baseline", baseline]
     if keyword:
@@ -190,10 +219,12 @@ def _terminate(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: float, keyword: str | None = None) -> Run:
+def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: float, keyword: str | None = None,
+             impls: tuple = ()) -> Run:
     """Run one op's tests in `tree`; its own session, so a timeout kills the whole group."""
     report_path = tree / ".mutant-report.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "tests")] + (
+    first = [str(tree), str(PLUGIN_DIR)] if impls else [str(tree / "tests")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(first + (
         [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     if backend == "gpu":
         env.pop("TRITON_INTERPRET", None)
@@ -202,7 +233,8 @@ def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: f
         with _live_lock:
             if _stopping.is_set():
                 return Run(op, CRASHED, 0.0, None, "interrupted before it started")
-            proc = subprocess.Popen(pytest_command(op, backend, baseline, str(report_path), keyword), cwd=tree, env=env,
+            proc = subprocess.Popen(pytest_command(op, backend, baseline, str(report_path), keyword, impls), cwd=tree,
+                                    env=env,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             _live.add(proc)
         try:
@@ -223,7 +255,7 @@ def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: f
 
 
 def run_mutant(template: Path, work: Path, mutant, source: bytes | None, op: str, backend: str,
-               baseline: str | None, timeout: float, keyword: str | None = None) -> Run:
+               baseline: str | None, timeout: float, keyword: str | None = None, impls: tuple = ()) -> Run:
     """Run one op's tests on a fresh copy of the template with `mutant` applied (None: the
     unmutated tree)."""
     tree = Path(tempfile.mkdtemp(prefix=f"{mutant.id if mutant else 'unmutated'}-{op}-", dir=work))
@@ -238,7 +270,7 @@ def run_mutant(template: Path, work: Path, mutant, source: bytes | None, op: str
             target = tree / mutant.file
             target.unlink()              # a new file: never write through to the template's
             target.write_bytes(mutated)
-        return run_tree(tree, op, backend, baseline, timeout, keyword)
+        return run_tree(tree, op, backend, baseline, timeout, keyword, impls)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
 
@@ -368,11 +400,29 @@ def parse_args(argv):
     p.add_argument("--run-equivalent", action="store_true",
                    help="run the mutants of the equivalents file too (to check that none is killed now)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the per-mutant results and scores as JSON")
-    p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
+    p.add_argument("--impl", action="append", default=[], metavar="OP=module:attr",
+                   help="mutate a plug-in implementation (docs/plugins.md): FILES are its source files, in the "
+                        "project at --root (default: the current directory), judged by the battery of its ops")
+    p.add_argument("--root", default=None, help="the tree to copy for each mutant (default: this repository; "
+                                                 "with --impl, the current directory)")
     return p.parse_args(argv)
 
 
+def impl_ops(specs, root: Path) -> list[str]:
+    """The ops the --impl specs implement (their modules imported from `root`)."""
+    from harness import impls
+    sys.path.insert(0, str(root))
+    try:
+        return sorted(impls.parse(specs))
+    except impls.ImplError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        sys.path.remove(str(root))
+
+
 def select(args, root: Path) -> tuple[list[Path], list[Result]]:
+    if args.impl and not args.files:
+        raise UsageError("--impl: name the implementation's source files to mutate")
     files = [Path(f) if Path(f).is_absolute() else Path.cwd() / f for f in args.files] or default_files(root)
     for f in files:
         if not f.is_file():
@@ -385,10 +435,14 @@ def select(args, root: Path) -> tuple[list[Path], list[Result]]:
         unknown = wanted_ops - set(registry.OPS)
         if unknown:
             raise UsageError(f"--op {', '.join(sorted(unknown))}: unknown op")
+    if args.impl:
+        impl_modules(args.impl)         # module:attr specs only
+    plugin_ops = impl_ops(args.impl, root) if args.impl else None
     results = []
     for f in files:
         for m in mutant_source.enumerate_mutants(f, root=root):
-            ops = mutant_source.ops_using(m.file, m.function, root)
+            # a plug-in's files: every function is taken as run by its ops (no call graph of it)
+            ops = plugin_ops if plugin_ops is not None else mutant_source.ops_using(m.file, m.function, root)
             if wanted_ops:
                 ops = [o for o in ops if o in wanted_ops]
             if ops:
@@ -415,7 +469,8 @@ def main(argv=None) -> int:
 
 def run_command(argv=None) -> int:
     args = parse_args(argv)
-    root = Path(args.root).resolve()
+    root = Path(args.root or (Path.cwd() if args.impl else ROOT)).resolve()
+    specs = tuple(args.impl)
     try:
         files, results = select(args, root)
         equivalents = load_equivalents(root / args.equivalents)
@@ -439,8 +494,9 @@ def run_command(argv=None) -> int:
         return EXIT_USAGE
 
     # A relative baseline path is the tree's own file (each mutant's copy has it too).
-    baseline = None if args.baseline == "none" else BASELINES.get(args.backend) if args.baseline == "auto" \
-        else args.baseline
+    # (a plug-in has no baseline of ours: the gate would refuse another implementation)
+    baseline = None if args.baseline == "none" else (None if specs else BASELINES.get(args.backend)) \
+        if args.baseline == "auto" else args.baseline
     if baseline and not (root / baseline).is_file():
         print(f"kernelcheck-mutate: --baseline {baseline}: no such file in {root}", file=sys.stderr)
         return EXIT_USAGE
@@ -467,7 +523,9 @@ def run_command(argv=None) -> int:
         sources = {f: (template / f).read_bytes() for f in rel_files}
         # The unmutated tree first: every op's tests must pass there, and take how long?
         # (--skip-clean: taken as known, e.g. a nightly whose own runs judge the tree.)
-        clean = {op: pool.submit(run_mutant, template, work, None, None, op, args.backend, baseline, 3600, args.keyword)
+        extra = {"impls": specs} if specs else {}
+        clean = {op: pool.submit(run_mutant, template, work, None, None, op, args.backend, baseline, 3600, args.keyword,
+                                 **extra)
                  for op in ([] if args.skip_clean else ops)}
         timeouts = {op: args.timeout for op in ops} if args.skip_clean else {}
         for op, future in clean.items():
@@ -494,7 +552,7 @@ def run_command(argv=None) -> int:
                 return          # past --deadline: left unrun (reported as such)
             for op in sorted(r.ops, key=lambda o: (cost[o], o)):
                 run = run_mutant(template, work, r.mutant, sources[r.mutant.file], op, args.backend,
-                                 baseline, timeouts[op], args.keyword)
+                                 baseline, timeouts[op], args.keyword, **extra)
                 r.runs[op] = run
                 if run.status in (KILLED, INVALID) and not args.every_op:
                     break
@@ -538,7 +596,7 @@ def run_command(argv=None) -> int:
     if args.json:
         payload = {"meta": {"date": started.isoformat(timespec="seconds"), "seconds": round(elapsed, 1),
                             "backend": args.backend, "baseline": baseline, "jobs": args.jobs,
-                            "files": rel_files, "ops": ops, "keyword": args.keyword, "args": sys.argv[1:] if argv is None else list(argv),
+                            "files": rel_files, "ops": ops, "impls": list(specs), "keyword": args.keyword, "args": sys.argv[1:] if argv is None else list(argv),
                             "equivalents": args.equivalents, "stale_equivalents": stale, "unrun": len(unrun)},
                    **summary, "mutants": [mutant_json(r) for r in results]}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,10 @@ leaves test directories out. A plugin module in harness/ would add its literals,
 random cases would differ from a plain run's: the mutants would be judged on other cases than
 the suite's, and against a baseline of other cases.
 
-- It refuses to run unless the code under test is the mutant's private tree (the run's root
+- It refuses to run unless the code under test is the mutant's private tree (the run's working
   directory): an installed copy of the package found first would test the unmutated kernels.
+  That code is harness and kernels, or with --mutant-code the plug-in's modules (a plug-in run:
+  harness/mutate.py --impl).
 - Hypothesis does not shrink or explain a failure: the first failing example already kills
   the mutant, and shrinking interpreted kernels takes minutes. The examples drawn before a
   failure are the profile's own, so a mutant that no example catches still survives.
@@ -36,12 +38,14 @@ def _under(path: str | None, root: Path) -> bool:
 def pytest_addoption(parser):
     parser.addoption("--mutant-report", default=None, metavar="PATH",
                      help="kernelcheck-mutate: write this run's first failure as JSON to PATH")
+    parser.addoption("--mutant-code", default="harness,kernels", metavar="MODULES",
+                     help="kernelcheck-mutate: the modules that must come from the mutant's tree")
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
-    root = Path(config.rootpath).resolve()
-    for name in ("harness", "kernels"):
+    root = Path.cwd().resolve()
+    for name in config.getoption("mutant_code").split(","):
         module = sys.modules.get(name)
         if module is not None and not _under(getattr(module, "__file__", None), root):
             raise pytest.UsageError(f"mutant run: {name} was imported from {module.__file__}, not from the mutant's "

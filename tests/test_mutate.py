@@ -388,3 +388,53 @@ def test_the_report_merges_runs_by_the_strongest_verdict_and_scores_each_backend
     text = tool.mutation_report.markdown(report)
     assert f"`{ids[3]}`" in text.split("Killed on the GPU only")[1] and "tests/test_large_offsets.py::t" in text
     assert f"`{ids[2]}`" in text.split("Survivors")[1].split("Killed on the GPU only")[0]
+
+
+USER_KERNEL = '''import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rmsnorm_row(x_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < D
+    x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * D + cols, x * rstd * w, mask=mask)
+
+
+def rmsnorm(x, w, eps):
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty_like(x2)
+    if x2.numel():
+        _rmsnorm_row[(x2.shape[0],)](x2, w.contiguous(), y, x2.shape[1], eps,
+                                     BLOCK=triton.next_power_of_2(x2.shape[1]))
+    return y.view(x.shape)
+'''
+
+
+def test_a_plug_in_kernel_is_mutated_from_its_own_project(tmp_path):
+    """kernelcheck-mutate --impl from a user's project: the mutants are of the user's file, run in
+    copies of the user's project, and judged by the battery of the op (harness.cli --impl)."""
+    import subprocess
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "mynorm.py").write_text(USER_KERNEL)
+    base = [sys.executable, "-m", "harness.mutate", "mynorm.py", "--impl", "rmsnorm=mynorm:rmsnorm"]
+    listed = subprocess.run(base + ["--list"], cwd=project, capture_output=True, text=True, check=True).stdout
+    assert "mynorm.py:8 _rmsnorm_row" in listed and "ops: rmsnorm" in listed
+    wrong_mask = next(line.split()[0] for line in listed.splitlines() if "cols < D -> cols >= D" in line)
+    out = tmp_path / "run.json"
+    run = subprocess.run(base + ["--only", wrong_mask, "--skip-clean", "--timeout", "240", "--jobs", "1",
+                                 "--json", str(out)], cwd=project, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["impls"] == ["rmsnorm=mynorm:rmsnorm"] and doc["meta"]["baseline"] is None
+    (mutant,) = doc["mutants"]
+    assert mutant["status"] == "killed", mutant
+    refused = subprocess.run(base[:3] + ["--impl", "rmsnorm=mynorm:rmsnorm"], cwd=project, capture_output=True, text=True)
+    assert refused.returncode == 2 and "name the implementation's source files" in refused.stderr
