@@ -24,6 +24,7 @@ from kernels._launch import (allocate, check_finite, check_same_device, check_sa
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 MAX_HEAD_DIM = 256
+_MAX_GRID_YZ = 65535        # CUDA's limit on a grid's y and z dimensions
 _INT_DTYPES = (torch.int32, torch.int64)
 
 
@@ -65,9 +66,8 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, Tq
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                      PRECISION: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = (bh // Hq).to(tl.int64)
-    h = bh % Hq
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
     kvh = h // GROUP
     if VARLEN:
         # Packed sequences: rows [cu[b], cu[b+1]) of the [total, H, D] tensors belong to sequence b.
@@ -376,6 +376,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         if k.shape[0] != B:
             raise ValueError(f"k: expected batch {B} like q, got {k.shape[0]}")
         lse_shape = (B, Hq, Tq)
+    for name, n, what in (("cu_seqlens_q" if varlen else "q", B, "sequences"), ("q", Hq, "heads")):
+        if n > _MAX_GRID_YZ:
+            raise ValueError(f"{name}: at most {_MAX_GRID_YZ} {what} a call (a CUDA grid's limit), got {n}")
     out = new_out(out, q.shape, q.dtype, q.device)
     lse = new_out(lse_out, lse_shape, torch.float32, q.device, "lse_out") if return_lse else None
     if q.numel() and B and Hq:
@@ -391,7 +394,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         else:
             sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()[:3]
             sl = lse.stride() if lse is not None else (0, 0, 0)
-        _attn_fwd_kernel[(triton.cdiv(Tq, bm), B * Hq)](
+        # (query tiles, heads, sequences): the order of a (tiles, B * Hq) grid, without its
+        # 65535 limit on B * Hq (16k varlen sequences of 16 heads overflowed it).
+        _attn_fwd_kernel[(triton.cdiv(Tq, bm), Hq, B)](
             q, k, v, out, lse_arg, cu_seqlens_q if varlen else q, cu_seqlens_k if varlen else q,
             Tq, Tk, Hq, Hq // Hkv, D, *sq, *sk, *sv, *so, *sl, scale * _LOG2E,
             CAUSAL=causal, VARLEN=varlen, HAS_LSE=lse is not None, EVEN_D=D == block_d, BLOCK_M=bm, BLOCK_N=bn,

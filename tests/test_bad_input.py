@@ -312,18 +312,18 @@ def test_decode_unvalidated_bad_lengths_and_pages_give_nan_rows(dev, paged):
     """validate=False skips the host check of seqlens and block_table. A length outside
     [0, capacity] or a page index outside the cache then makes its row NaN; the kernel reads
     nothing outside the cache (the interpreter's out-of-bounds guard is on), and good rows are
-    the same as with validation."""
-    q = T(4, 4, 16, device=dev)
+    the same as with validation. 2^32 + 3 is judged as an int64 (it would wrap to 3 in int32)."""
+    q = T(5 if not paged else 4, 4, 16, device=dev)
     if paged:
         k, v = T(6, 4, 2, 16, device=dev), T(6, 4, 2, 16, device=dev)        # 6 pages of 4 slots
         table = torch.tensor([[0, 1], [2, 3], [4, 9], [5, -1]], device=dev)  # row 2: page 9 in use
         seqlens = torch.tensor([5, 8, 7, 3], device=dev)                      # row 3: page -1 unused
         bad, good = [2], [0, 1, 3]
     else:
-        k, v = T(4, 8, 2, 16, device=dev), T(4, 8, 2, 16, device=dev)
+        k, v = T(5, 8, 2, 16, device=dev), T(5, 8, 2, 16, device=dev)
         table = None
-        seqlens = torch.tensor([5, 9, -1, 8], device=dev)
-        bad, good = [1, 2], [0, 3]
+        seqlens = torch.tensor([5, 9, -1, 8, 2**32 + 3], device=dev)
+        bad, good = [1, 2, 4], [0, 3]
     for splits in (1, 3):
         y = kernels.decode_attention(q, k, v, seqlens, block_table=table, num_splits=splits, validate=False)
         assert bool(y[bad].isnan().all()), splits
@@ -335,3 +335,12 @@ def test_decode_unvalidated_bad_lengths_and_pages_give_nan_rows(dev, paged):
             fixed_table[bad] = 0
         ref = kernels.decode_attention(q, k, v, fixed_lens, block_table=fixed_table, num_splits=splits)
         assert torch.equal(y[good], ref[good]), splits
+
+
+@pytest.mark.op("flash_attention")
+def test_flash_attention_refuses_more_sequences_than_a_grid_holds(dev):
+    """65536 varlen sequences would not launch (the grid's z limit): a clear error, not a CUDA one."""
+    q = torch.zeros(65536, 1, 16, device=dev)
+    cu = torch.arange(65537, dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="cu_seqlens_q: at most 65535 sequences"):
+        kernels.flash_attention(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)

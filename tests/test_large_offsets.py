@@ -311,3 +311,74 @@ def test_fp8_matmul_writes_rows_past_2_31_elements(op, dtype, config, backend, b
     _judge_tail(op, (y[-64:],), tail, budgets.get(op, dtype, backend.name), f"rows {M - 64}..{M - 1}")
     del a8, y
     torch.cuda.empty_cache()
+
+
+# Attention. flash_attention: the batch offset b * batch stride (q, k, v stored with batches 2^31
+# elements apart), the row offsets of q and out inside one long sequence (T * Hq * D past 2^31),
+# and varlen sequence starts cu[b] * token stride past 2^31 (many short sequences). decode:
+# b * batch stride of the caches. Only the last rows (or the last sequence) are judged, against
+# the float64 oracle on the GPU. Killed the attention mutation run's int64 survivors.
+def _attn_inputs(q, k, v, causal=True, cu_q=None, cu_k=None):
+    return {"q": q, "k": k, "v": v, "causal": causal, "scale": None, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
+
+
+def _spread_batches(shape, device, gen, apart=2**31):
+    """[B, T, H, D] fp16 with its batches `apart` elements apart (a strided view of GiBs)."""
+    B, T, H, D = shape
+    storage = torch.empty((B - 1) * apart + T * H * D, dtype=torch.float16, device=device)
+    t = storage.as_strided(shape, (apart, H * D, D, 1))
+    t[:] = torch.randn(shape, generator=gen).half().to(device)
+    return t
+
+
+@pytest.mark.parametrize("op,dtype,config,layout", [
+    pytest.param("flash_attention", "float16", "huge", lay, id=lay, marks=pytest.mark.op("flash_attention"))
+    for lay in ("batch_stride", "long_sequence", "varlen_starts")])
+def test_flash_attention_reads_and_writes_past_2_31_elements(op, dtype, config, layout, backend, budgets):
+    assert backend.name == "gpu", "hours in the interpreter (declared gap interp-huge-rows)"
+    dev, g = backend.device, torch.Generator().manual_seed(8)
+    budget = budgets.get(op, dtype, backend.name)
+    if layout == "batch_stride":
+        q, k, v = (_spread_batches((2, 64, 4, 64), dev, g) for _ in range(3))
+        out, lse = kernels.flash_attention(q, k, v, causal=True, return_lse=True)
+        tail = _attn_inputs(q[1:].contiguous(), k[1:].contiguous(), v[1:].contiguous())
+        _judge_tail(op, (out[1:], lse[1:]), tail, budget, "batch 1, 2^31 elements in")
+    elif layout == "long_sequence":
+        T, Hq, D = 2**31 // (64 * 256) + 64, 64, 256       # q and out rows T - 64.. start past 2^31
+        q = torch.empty(1, T, Hq, D, dtype=torch.float16, device=dev).normal_()
+        k = torch.randn(1, T, 1, D, generator=g).half().to(dev)
+        v = torch.randn(1, T, 1, D, generator=g).half().to(dev)
+        out, lse = kernels.flash_attention(q, k, v, causal=True, return_lse=True)
+        tail = _attn_inputs(q[:, -64:].contiguous(), k, v)      # bottom-right causal: the last rows see all keys
+        _judge_tail(op, (out[:, -64:], lse[:, :, -64:]), tail, budget, f"rows {T - 64}..{T - 1}")
+        del q, out
+    else:
+        n, H, D = 2**31 // (64 * 16 * 128) + 2, 16, 128    # n sequences of 64 tokens: the last starts past 2^31
+        cu = torch.arange(0, 64 * (n + 1), 64, dtype=torch.int32, device=dev)
+        q = torch.empty(64 * n, H, D, dtype=torch.float16, device=dev).normal_()
+        k = torch.empty(64 * n, H, D, dtype=torch.float16, device=dev).normal_()
+        v = torch.empty(64 * n, H, D, dtype=torch.float16, device=dev).normal_()
+        out, lse = kernels.flash_attention(q, k, v, causal=True, return_lse=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        last = slice(64 * (n - 1), 64 * n)
+        tail = _attn_inputs(q[last][None], k[last][None], v[last][None])
+        _judge_tail(op, (out[last][None], lse[:, last][None]), tail, budget, f"sequence {n - 1}")
+        del q, k, v, out
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("decode_attention", "float16", "huge",
+                                                          marks=pytest.mark.op("decode_attention"))])
+def test_decode_attention_reads_batches_past_2_31_elements(op, dtype, config, backend, budgets):
+    assert backend.name == "gpu", "hours in the interpreter (declared gap interp-huge-rows)"
+    dev, g = backend.device, torch.Generator().manual_seed(9)
+    # Batches 2^30 + 64 elements apart: a stride below 2^31 is an int32 argument, so only an int64
+    # batch index keeps 2 * stride from wrapping (a stride of 2^31 or more would be int64 itself).
+    k, v = (_spread_batches((3, 64, 2, 64), dev, g, apart=2**30 + 64) for _ in range(2))
+    q = torch.randn(3, 8, 64, generator=g).half().to(dev)
+    seqlens = torch.tensor([64, 10, 50], dtype=torch.int32, device=dev)
+    for splits in (1, 2):
+        out = kernels.decode_attention(q, k, v, seqlens, num_splits=splits)
+        tail = {"q": q[2:], "k_cache": k[2:].contiguous(), "v_cache": v[2:].contiguous(), "seqlens": seqlens[2:],
+                "scale": None, "num_splits": None, "block_table": None}
+        _judge_tail(op, (out[2:],), tail, budgets.get(op, dtype, backend.name), f"batch 2, splits {splits}")
+    torch.cuda.empty_cache()

@@ -134,6 +134,11 @@ class FlashAttention(Op):
             for t in (15, 16, 17, 33):
                 out.append(case((1, t, t, 2, 1, 16), causal=causal, config="small", seed=t))
             out.append(case((1, 17, 40, 2, 2, 16), causal=causal, config="small", seed=3))
+        # Causal paths x edges on 16 x 16 tiles: Tk - Tq at -2, -1, 0, +1 modulo the key block
+        # (where a tile's unmasked keys end), and Tq > Tk + 1 (the top rows see nothing).
+        out += [case((1, 20, 20 + diag, 2, 1, 16), causal=True, config="small", seed=40 + diag)
+                for diag in (14, 15, 17, 30, 31)]
+        out += [case((1, 40, tk, 2, 1, 16), causal=True, config="small", seed=80 + tk) for tk in (7, 22, 23)]
         out += [case((1, 5, 7, hq, hkv, 32), causal=True, seed=hq) for hq, hkv in GQA]
         out += [case((1, 6, 6, 2, 1, d), causal=True, seed=d) for d in HEAD_DIMS]
         out += [case((2, 6, 8, 4, 2, 32), layout=lay, causal=True, seed=4) for lay in ATTN_LAYOUTS[1:]]
