@@ -5,8 +5,15 @@ import importlib
 
 import torch
 
+from harness.impls import Implementation
+
 DTYPES = ("float32", "float16", "bfloat16")
 INSTALL = "pip install kernelcheck[peers]"
+
+
+def implementation(library: str, op: str, fn, name: str, unsupported=None) -> Implementation:
+    """A peer adapter: the Implementation of `op` that calls `fn`, named `library:name`."""
+    return Implementation(op=op, fn=fn, name=f"{library}:{name}", dtypes=DTYPES, unsupported=unsupported)
 
 
 def load(module: str, library: str):

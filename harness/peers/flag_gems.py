@@ -9,11 +9,12 @@ cases: docs/peers.md.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-from harness.impls import Implementation
-from harness.peers._common import DTYPES, fp16_projection_overflow, load, rope_angles
+from harness.peers._common import fp16_projection_overflow, implementation, load, rope_angles
 
 LIBRARY = "FlagGems (flag-gems)"
 
@@ -142,8 +143,7 @@ def embedding(ids, table):
     return _gems().embedding(table, ids)
 
 
-def _adapter(op, fn, name, unsupported=None):
-    return Implementation(op=op, fn=fn, name=f"flag_gems:{name}", dtypes=DTYPES, unsupported=unsupported)
+_adapter = functools.partial(implementation, "flag_gems")
 
 
 ADAPTERS = [

@@ -9,11 +9,12 @@ Mapping, contract differences and unsupported cases: docs/peers.md.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-from harness.impls import Implementation
-from harness.peers._common import DTYPES, fp16_projection_overflow, load, rope_angles, zero_size
+from harness.peers._common import fp16_projection_overflow, implementation, load, rope_angles, zero_size
 
 LIBRARY = "Liger-Kernel (liger-kernel)"
 MAX_ROW = 65536     # Liger's row kernels hold a row in one block of next_power_of_2(D) <= 65536
@@ -146,8 +147,7 @@ def embedding_unsupported(case):
     return None
 
 
-def _adapter(op, fn, name, unsupported=None):
-    return Implementation(op=op, fn=fn, name=f"liger:{name}", dtypes=DTYPES, unsupported=unsupported)
+_adapter = functools.partial(implementation, "liger")
 
 
 ADAPTERS = [
