@@ -513,6 +513,20 @@ def run_command(argv=None) -> int:
           f"{sum(len(r.ops) for r in to_run)} (mutant, op) runs; backend {args.backend}, baseline "
           f"{baseline or 'none'}, {args.jobs} job(s)", flush=True)
 
+    def write_json(judged: list[Result], partial: bool = False, unrun: int = 0, seconds: float | None = None) -> None:
+        meta = {"date": started.isoformat(timespec="seconds"),
+                "seconds": round(time.monotonic() - t0 if seconds is None else seconds, 1),
+                "backend": args.backend, "baseline": baseline, "jobs": args.jobs, "files": rel_files, "ops": ops,
+                "impls": list(specs), "keyword": args.keyword, "args": sys.argv[1:] if argv is None else list(argv),
+                "equivalents": args.equivalents, "stale_equivalents": stale, "unrun": unrun}
+        if partial:     # written after each mutant; the final write drops the mark
+            meta["partial"] = f"{len(judged)} mutants judged so far of {len(to_run)} to run"
+        payload = {"meta": meta, **summarize(judged), "mutants": [mutant_json(r) for r in judged]}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(args.json).with_suffix(".partial")
+        tmp.write_text(json.dumps(payload, indent=1) + "\n")
+        tmp.replace(args.json)
+
     work = Path(tempfile.mkdtemp(prefix="kernelcheck-mutate-"))
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
     # SIGTERM (a CI job cancelled) takes the same way out as Ctrl-C: the runs are killed too.
@@ -546,6 +560,7 @@ def run_command(argv=None) -> int:
             or {op: float(reach[op]) for op in ops}
         done = iter(range(1, len(to_run) + 1))
         print_lock = threading.Lock()
+        finished: set[int] = set()
 
         def judge(r: Result) -> None:
             if args.deadline and time.monotonic() - t0 > args.deadline:
@@ -558,6 +573,9 @@ def run_command(argv=None) -> int:
                     break
             r.status = combine(run.status for run in r.runs.values())
             with print_lock:
+                finished.add(id(r))
+                if args.json:       # kept up to date, so an interrupted run keeps what it judged
+                    write_json([x for x in results if id(x) in finished], partial=True)
                 print(f"[{next(done)}/{len(to_run)}] {r.mutant.id} {r.status:<9} {r.seconds:6.1f} s  "
                       f"{r.mutant.file}:{r.mutant.line} {r.mutant.change}  ("
                       + ", ".join(f"{op} {run.status}" for op, run in r.runs.items()) + ")"
@@ -594,13 +612,7 @@ def run_command(argv=None) -> int:
               f"{args.jobs} job(s), {elapsed:.0f} s"]
     print("\n".join(format_report(results, summary, header, stale)))
     if args.json:
-        payload = {"meta": {"date": started.isoformat(timespec="seconds"), "seconds": round(elapsed, 1),
-                            "backend": args.backend, "baseline": baseline, "jobs": args.jobs,
-                            "files": rel_files, "ops": ops, "impls": list(specs), "keyword": args.keyword, "args": sys.argv[1:] if argv is None else list(argv),
-                            "equivalents": args.equivalents, "stale_equivalents": stale, "unrun": len(unrun)},
-                   **summary, "mutants": [mutant_json(r) for r in results]}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
+        write_json(results, unrun=len(unrun), seconds=elapsed)
         print(f"written: {args.json}")
     return 0
 

@@ -9,6 +9,7 @@ change every op's random cases, in this process and in every run that collects t
 import ast
 import importlib
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -241,6 +242,7 @@ def test_equivalents_are_honoured_and_only_new_survivors_listed(tool, tmp_path, 
     report = json.loads(out.read_text())
     status = {m["id"]: m["status"] for m in report["mutants"]}
     assert status == {ids[0]: "equivalent", ids[1]: "killed", ids[2]: "survived"}
+    assert "partial" not in report["meta"]      # the JSON kept up to date during the run, complete at its end
     assert ids[0] not in runs.ran and runs.ran.count(None) == 1         # the unmutated tree ran once
     survivors = text.split("survived (not in the equivalents file: new): ")[1].split("\n\n")[0]
     assert ids[2] in survivors and ids[0] not in survivors
@@ -425,16 +427,20 @@ def test_a_plug_in_kernel_is_mutated_from_its_own_project(tmp_path):
     project.mkdir()
     (project / "mynorm.py").write_text(USER_KERNEL)
     base = [sys.executable, "-m", "harness.mutate", "mynorm.py", "--impl", "rmsnorm=mynorm:rmsnorm"]
-    listed = subprocess.run(base + ["--list"], cwd=project, capture_output=True, text=True, check=True).stdout
+    # the suite from its checkout, as a user runs it without installing it (the GPU runner does)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    listed = subprocess.run(base + ["--list"], cwd=project, env=env, capture_output=True, text=True,
+                            check=True).stdout
     assert "mynorm.py:8 _rmsnorm_row" in listed and "ops: rmsnorm" in listed
     wrong_mask = next(line.split()[0] for line in listed.splitlines() if "cols < D -> cols >= D" in line)
     out = tmp_path / "run.json"
     run = subprocess.run(base + ["--only", wrong_mask, "--skip-clean", "--timeout", "240", "--jobs", "1",
-                                 "--json", str(out)], cwd=project, capture_output=True, text=True)
+                                 "--json", str(out)], cwd=project, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["meta"]["impls"] == ["rmsnorm=mynorm:rmsnorm"] and doc["meta"]["baseline"] is None
     (mutant,) = doc["mutants"]
     assert mutant["status"] == "killed", mutant
-    refused = subprocess.run(base[:3] + ["--impl", "rmsnorm=mynorm:rmsnorm"], cwd=project, capture_output=True, text=True)
+    refused = subprocess.run(base[:3] + ["--impl", "rmsnorm=mynorm:rmsnorm"], cwd=project, env=env,
+                             capture_output=True, text=True)
     assert refused.returncode == 2 and "name the implementation's source files" in refused.stderr
