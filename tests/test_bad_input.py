@@ -313,12 +313,13 @@ def test_decode_unvalidated_bad_lengths_and_pages_give_nan_rows(dev, paged):
     [0, capacity] or a page index outside the cache then makes its row NaN; the kernel reads
     nothing outside the cache (the interpreter's out-of-bounds guard is on), and good rows are
     the same as with validation. 2^32 + 3 is judged as an int64 (it would wrap to 3 in int32)."""
-    q = T(5 if not paged else 4, 4, 16, device=dev)
+    q = T(5 if not paged else 6, 4, 16, device=dev)
     if paged:
         k, v = T(6, 4, 2, 16, device=dev), T(6, 4, 2, 16, device=dev)        # 6 pages of 4 slots
-        table = torch.tensor([[0, 1], [2, 3], [4, 9], [5, -1]], device=dev)  # row 2: page 9 in use
-        seqlens = torch.tensor([5, 8, 7, 3], device=dev)                      # row 3: page -1 unused
-        bad, good = [2], [0, 1, 3]
+        # rows 2, 4, 5: pages 9, 6 (= num_blocks) and -1 in use; row 3: page -1 unused
+        table = torch.tensor([[0, 1], [2, 3], [4, 9], [5, -1], [6, 0], [1, -1]], device=dev)
+        seqlens = torch.tensor([5, 8, 7, 3, 2, 6], device=dev)
+        bad, good = [2, 4, 5], [0, 1, 3]
     else:
         k, v = T(5, 8, 2, 16, device=dev), T(5, 8, 2, 16, device=dev)
         table = None
@@ -335,6 +336,18 @@ def test_decode_unvalidated_bad_lengths_and_pages_give_nan_rows(dev, paged):
             fixed_table[bad] = 0
         ref = kernels.decode_attention(q, k, v, fixed_lens, block_table=fixed_table, num_splits=splits)
         assert torch.equal(y[good], ref[good]), splits
+
+
+@pytest.mark.op("decode_attention")
+def test_decode_unvalidated_bad_page_of_a_one_page_cache_reads_nothing(dev):
+    """A bad page index must not be replaced by another page that may not exist: with one page,
+    page 1 lies past the cache (the interpreter's out-of-bounds guard would catch the read)."""
+    q, k, v = T(2, 2, 16, device=dev), T(1, 4, 1, 16, device=dev), T(1, 4, 1, 16, device=dev)
+    table = torch.tensor([[0, 5], [0, 0]], device=dev)
+    y = kernels.decode_attention(q, k, v, torch.tensor([6, 3], device=dev), block_table=table, validate=False)
+    assert bool(y[0].isnan().all())
+    ref = kernels.decode_attention(q[1:], k, v, torch.tensor([3], device=dev), block_table=table[1:])
+    assert torch.equal(y[1:], ref)
 
 
 @pytest.mark.op("flash_attention")

@@ -162,6 +162,8 @@ class DecodeAttention(Op):
         q = make_input((B, Hq, D), case.dtype, gen, device, values=case.values)
         k = sample((B, Tmax, Hkv, D), "normal" if case.values == "constant" else case.values, case.dtype, gen)
         v = sample((B, Tmax, Hkv, D), "normal", case.dtype, gen)
+        if case.param("negative", False):     # every score far below zero: the split merge must
+            q, k = -q.abs(), k.abs()          # not take 0 for the max of a split that saw nothing
         for b, n in enumerate(lens):          # cache slots past seqlens: NaN, never to be read
             k[b, n:] = math.nan
             v[b, n:] = math.nan
@@ -243,6 +245,7 @@ class DecodeAttention(Op):
         out += [case((3, 64, 4, 2, 32), lens="64,10,0", num_splits=n, seed=n) for n in (1, 2, 3, 16)]
         out += [case((2, 40, 4, 2, 32), lens="40,39", layout=lay, seed=7) for lay in ("transposed", "sliced", "offset")]
         out += [case((2, 40, 4, 2, 32), lens="40,33", values=v, seed=8) for v in ATTN_REGIMES[1:]]
+        out += [case((2, 150, 4, 2, 32), lens="150,70", values="large", num_splits=3, negative=True, seed=9)]
         return out
 
 
