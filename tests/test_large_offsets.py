@@ -313,11 +313,13 @@ def test_fp8_matmul_writes_rows_past_2_31_elements(op, dtype, config, backend, b
     torch.cuda.empty_cache()
 
 
-# Attention. flash_attention: the batch offset b * batch stride (q, k, v stored with batches 2^31
-# elements apart), the row offsets of q and out inside one long sequence (T * Hq * D past 2^31),
+# Attention. flash_attention: the batch offset b * batch stride (q, k, v stored with batches
+# 2^30 + 64 elements apart), the row offsets of q and out inside one long sequence (T * Hq * D past 2^31),
 # and varlen sequence starts cu[b] * token stride past 2^31 (many short sequences). decode:
-# b * batch stride of the caches. Only the last rows (or the last sequence) are judged, against
-# the float64 oracle on the GPU. Killed the attention mutation run's int64 survivors.
+# b * batch stride of the caches, positions past 2^31 elements in one long sequence, pages of a
+# paged cache past 2^31 elements, and the split partials of a batch past 2^31. Only the last rows
+# (or the last sequence) are judged, against the float64 oracle on the GPU. Killed the attention
+# mutation run's int64 survivors (runs/gpu-h200-attention-*, gpu-h200-decode-*).
 def _attn_inputs(q, k, v, causal=True, cu_q=None, cu_k=None):
     return {"q": q, "k": k, "v": v, "causal": causal, "scale": None, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
 
@@ -339,10 +341,12 @@ def test_flash_attention_reads_and_writes_past_2_31_elements(op, dtype, config, 
     dev, g = backend.device, torch.Generator().manual_seed(8)
     budget = budgets.get(op, dtype, backend.name)
     if layout == "batch_stride":
-        q, k, v = (_spread_batches((2, 64, 4, 64), dev, g) for _ in range(3))
+        # Batches 2^30 + 64 elements apart: the stride is an int32 argument, so only an int64
+        # batch index keeps 2 * stride from wrapping.
+        q, k, v = (_spread_batches((3, 64, 4, 64), dev, g, apart=2**30 + 64) for _ in range(3))
         out, lse = kernels.flash_attention(q, k, v, causal=True, return_lse=True)
-        tail = _attn_inputs(q[1:].contiguous(), k[1:].contiguous(), v[1:].contiguous())
-        _judge_tail(op, (out[1:], lse[1:]), tail, budget, "batch 1, 2^31 elements in")
+        tail = _attn_inputs(q[2:].contiguous(), k[2:].contiguous(), v[2:].contiguous())
+        _judge_tail(op, (out[2:], lse[2:]), tail, budget, "batch 2, 2^31 + 128 elements in")
     elif layout == "long_sequence":
         T, Hq, D = 2**31 // (64 * 256) + 64, 64, 256       # q and out rows T - 64.. start past 2^31
         q = torch.empty(1, T, Hq, D, dtype=torch.float16, device=dev).normal_()
@@ -381,4 +385,59 @@ def test_decode_attention_reads_batches_past_2_31_elements(op, dtype, config, ba
         tail = {"q": q[2:], "k_cache": k[2:].contiguous(), "v_cache": v[2:].contiguous(), "seqlens": seqlens[2:],
                 "scale": None, "num_splits": None, "block_table": None}
         _judge_tail(op, (out[2:],), tail, budgets.get(op, dtype, backend.name), f"batch 2, splits {splits}")
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config,layout", [
+    pytest.param("decode_attention", "float16", "huge", lay, id=lay, marks=pytest.mark.op("decode_attention"))
+    for lay in ("long_sequence", "one_huge_page", "pages_past_2_31", "split_partials")])
+def test_decode_attention_reads_positions_and_pages_past_2_31_elements(op, dtype, config, layout, backend, budgets):
+    """A cache of 2^21 + 64 positions x 8 heads x 128 (positions past 2^21 sit past 2^31 elements),
+    read as one contiguous sequence, as one page of that size, or as pages of 16 whose indices
+    reach past 2^31 / (16 x 1024); and split partials [B, Hq, splits, D] past 2^31 for the merge.
+    Keys before position 2^21 score about -1100 (exp underflows to exactly 0), so the output is
+    attention over the last 64 positions, and the oracle judges only those."""
+    assert backend.name == "gpu", "hours in the interpreter (declared gap interp-huge-rows)"
+    dev, g = backend.device, torch.Generator().manual_seed(10)
+    budget = budgets.get(op, dtype, backend.name)
+    Hkv, D = 8, 128
+    if layout == "split_partials":
+        B, Hq, L, splits = 2**31 // (64 * 16 * D) + 16, 64, 16, 16   # last batch's partials past 2^31
+        q = torch.empty(B, Hq, D, dtype=torch.float16, device=dev).normal_()
+        k = torch.empty(B, L, 1, D, dtype=torch.float16, device=dev).normal_()
+        v = torch.empty(B, L, 1, D, dtype=torch.float16, device=dev).normal_()
+        seqlens = torch.full((B,), L, dtype=torch.int32, device=dev)
+        out = kernels.decode_attention(q, k, v, seqlens, num_splits=splits)
+        tail = {"q": q[-2:], "k_cache": k[-2:], "v_cache": v[-2:], "seqlens": seqlens[-2:], "scale": None,
+                "num_splits": None, "block_table": None}
+        _judge_tail(op, (out[-2:],), tail, budget, f"batches {B - 2}, {B - 1} (split partials)")
+        del q, k, v, out
+        torch.cuda.empty_cache()
+        return
+    T = 2**21 + 64
+    k = torch.full((1, T, Hkv, D), -100.0, dtype=torch.float16, device=dev)
+    v = torch.zeros(1, T, Hkv, D, dtype=torch.float16, device=dev)
+    k[0, -64:] = torch.randn(64, Hkv, D, generator=g).half().to(dev)
+    v[0, -64:] = torch.randn(64, Hkv, D, generator=g).half().to(dev)
+    q = torch.ones(1, 4 * Hkv, D, dtype=torch.float16, device=dev)    # GQA 4: scores -1131 before 2^21
+    q += 0.5 * torch.randn(1, 4 * Hkv, D, generator=g).half().to(dev)
+    seqlens = torch.tensor([T], dtype=torch.int32, device=dev)
+    last = {"q": q, "k_cache": k[:, -64:].contiguous(), "v_cache": v[:, -64:].contiguous(),
+            "seqlens": torch.tensor([64], dtype=torch.int32, device=dev), "scale": None, "num_splits": None,
+            "block_table": None}
+    for splits in (1, 4):
+        if layout == "long_sequence":
+            out = kernels.decode_attention(q, k, v, seqlens, num_splits=splits)
+        elif layout == "one_huge_page":
+            table = torch.zeros(1, 1, dtype=torch.int32, device=dev)
+            out = kernels.decode_attention(q, k, v, seqlens, block_table=table, num_splits=splits)
+        else:       # pages of 16: the sequence is the cache's last 4 pages, in reverse order
+            pages_k, pages_v = k.view(-1, 16, Hkv, D), v.view(-1, 16, Hkv, D)
+            table = torch.arange(pages_k.shape[0] - 1, pages_k.shape[0] - 5, -1, device=dev)[None]
+            out = kernels.decode_attention(q, pages_k, pages_v, seqlens.new_tensor([64]),
+                                           block_table=table.to(torch.int32), num_splits=splits)
+            last = dict(last, k_cache=pages_k[table[0]].reshape(1, 64, Hkv, D),
+                        v_cache=pages_v[table[0]].reshape(1, 64, Hkv, D))
+        _judge_tail(op, (out,), last, budget, f"{layout}, splits {splits}")
+    del k, v
     torch.cuda.empty_cache()
