@@ -68,7 +68,7 @@ GAPS = (
     Gap(id="interp-bf16-dot", backend="interpreter",
         reason="the interpreter multiplies the raw bits of bf16 operands in tl.dot and returns garbage",
         link="https://github.com/triton-lang/triton/issues/11584",
-        ops=("flash_attention", "decode_attention", "matmul", "swiglu", "decoder"), dtypes=("bfloat16",)),
+        ops=("flash_attention", "decode_attention", "mla_decode", "matmul", "swiglu", "decoder"), dtypes=("bfloat16",)),
     Gap(id="interp-no-cuda-graph", backend="interpreter",
         reason="a CUDA graph captures kernels launched on a CUDA device; the interpreter runs them on the CPU",
         link="models/decode_graph.py", ops=("decoder",), configs=("cuda_graph",)),

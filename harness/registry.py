@@ -19,6 +19,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "softmax": ("harness.ops.softmax", FLOATS),
     "flash_attention": ("harness.ops.attention", FLOATS),
     "decode_attention": ("harness.ops.attention", FLOATS),
+    "mla_decode": ("harness.ops.mla", FLOATS),
     "adamw": ("harness.ops.adamw", ("float32", "bfloat16")),
     "bias_gelu": ("harness.ops.activations", FLOATS),
     "embedding": ("harness.ops.embedding", FLOATS),     # the dtype is the table's

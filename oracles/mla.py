@@ -7,6 +7,7 @@ they hold cannot reach the result.
 import torch
 
 from oracles._torch import f64, one_thread
+from oracles.attention import _head_out_score_magnitude, _head_tie_allowance
 
 
 def _weighted_sum(p, v):
@@ -93,3 +94,51 @@ def mla_decode(q_nope, q_pe, c_kv, k_pe, lens, softmax_scale, page_table=None, p
             seen = max(0, n - Tq + 1 + i)
             o[b, i], lse[b, i] = _attend(qn[b, i], qp[b, i], c[:seen], kp[:seen], softmax_scale)
     return o, lse
+
+
+# ---------------------------------------------------------------- magnitudes of the budget
+# What mla_decode's budget terms are relative to (docs/NUMERICS.md: as decode_attention's with
+# a head dim of L + R). Every query row (token, head) of a sequence is a query of one
+# multi-query head over keys [c_kv, k_pe] and values c_kv, with its own causal limit, so the
+# per-head magnitudes of oracles.attention apply as they are.
+
+def _magnitudes(q_nope, q_pe, c_kv, k_pe, lens, softmax_scale, page_table, page_size, head):
+    """(o-shaped [B, Tq, H, L], row-shaped [B, Tq, H]) results of oracles.attention's per-head
+    function `head` for every sequence, float64."""
+    qn, qp, ckv, kpe = f64(q_nope), f64(q_pe), f64(c_kv), f64(k_pe)
+    B, Tq, H, L = qn.shape
+    if page_table is None:
+        capacity = ckv.shape[1]
+    else:
+        page_size = ckv.shape[1]
+        capacity = page_table.shape[1] * page_size
+    out = torch.zeros(B, Tq, H, L, dtype=torch.float64, device=qn.device)
+    rows = torch.zeros(B, Tq, H, dtype=torch.float64, device=qn.device)
+    for b, n in enumerate(lens.tolist()):
+        idx = _cache_rows(b, n, capacity, page_table, page_size, ckv.shape[0], ckv.device)
+        c, kp = (ckv[b][idx], kpe[b][idx]) if page_table is None else (ckv[idx], kpe[idx])
+        q = torch.cat([qn[b], qp[b]], dim=-1).reshape(Tq * H, -1)
+        limit = (n - Tq + 1 + torch.arange(Tq, device=qn.device)).repeat_interleave(H)
+        visible = torch.arange(n, device=qn.device)[None, :] < limit[:, None]
+        a, r = head(q, torch.cat([c, kp], dim=-1), c, visible, softmax_scale)
+        out[b], rows[b] = a.reshape(Tq, H, L), r.reshape(Tq, H)
+    return out, rows
+
+
+@one_thread
+def mla_out_score_magnitude(q_nope, q_pe, c_kv, k_pe, lens, softmax_scale, page_table=None, page_size=None):
+    """(M [B, Tq, H, L], G [B, Tq, H]): the row's score magnitude G = scale max_t (sum |q_nope|
+    |c_kv[t]| + sum |q_pe| |k_pe[t]|) over the positions it sees, and M = G sum_t p_t |c_kv[t] - o|,
+    how far the fp32 rounding of the scores can move o (to first order, per unit of relative
+    score error). 0 where a row sees nothing."""
+    return _magnitudes(q_nope, q_pe, c_kv, k_pe, lens, softmax_scale, page_table, page_size,
+                       _head_out_score_magnitude)
+
+
+@one_thread
+def mla_tie_allowance(q_nope, q_pe, c_kv, k_pe, lens, softmax_scale, page_table=None, page_size=None):
+    """[B, Tq, H, L]: the near-tie allowance of oracles.attention._head_tie_allowance with scores
+    of L + R terms (delta = 2 (L + R) u G): what a near tie of huge scores may move o by beyond
+    the first-order M."""
+    return _magnitudes(q_nope, q_pe, c_kv, k_pe, lens, softmax_scale, page_table, page_size,
+                       _head_tie_allowance)[0]

@@ -32,6 +32,18 @@ def S(*shape, device="cpu", dtype=torch.float32):
     return torch.ones(shape, dtype=dtype, device=device)
 
 
+def MLA(d, **kw):
+    """mla_decode on small valid inputs (2 sequences, Tq 1, H 2, L 8, R 4, 6 cache positions),
+    any argument replaced by kw; paged=True: pools of 4 pages of 4 slots and a table of 2 pages."""
+    args = dict(q_nope=T(2, 1, 2, 8, device=d), q_pe=T(2, 1, 2, 4, device=d), c_kv=T(2, 6, 8, device=d),
+                k_pe=T(2, 6, 4, device=d), lens=torch.tensor([6, 3], device=d), softmax_scale=0.3)
+    if kw.pop("paged", False):
+        args.update(c_kv=T(4, 4, 8, device=d), k_pe=T(4, 4, 4, device=d),
+                    page_table=torch.tensor([[0, 1], [2, -1]], dtype=torch.int32, device=d))
+    args.update(kw)
+    return kernels.mla_decode(**args)
+
+
 # (op, description, call(device), exception, the argument the message must start with)
 BAD = [
     # rmsnorm / layernorm / add_rmsnorm
@@ -132,6 +144,50 @@ BAD = [
     ("decode_attention", "block table out of range", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(4, 4, 2, 16, device=d), T(4, 4, 2, 16, device=d), torch.tensor([3, 8], device=d), block_table=torch.tensor([[0, 1], [2, 4]], device=d)), ValueError, "block_table"),
     ("decode_attention", "block table rows", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(4, 4, 2, 16, device=d), T(4, 4, 2, 16, device=d), torch.tensor([3, 8], device=d), block_table=torch.tensor([[0, 1]], device=d)), ValueError, "block_table"),
     ("decode_attention", "num_splits zero", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d), num_splits=0), ValueError, "num_splits"),
+    # mla_decode
+    ("mla_decode", "q_nope rank", lambda d: MLA(d, q_nope=T(2, 2, 8, device=d)), ValueError, "q_nope"),
+    ("mla_decode", "q_nope int", lambda d: MLA(d, q_nope=torch.ones(2, 1, 2, 8, dtype=torch.int32, device=d)), TypeError, "q_nope"),
+    ("mla_decode", "float64 inputs", lambda d: MLA(d, q_nope=T(2, 1, 2, 8, dtype=torch.float64, device=d)), TypeError, "q_nope"),
+    ("mla_decode", "dtypes differ", lambda d: MLA(d, c_kv=T(2, 6, 8, dtype=torch.float16, device=d)), TypeError, "c_kv"),
+    ("mla_decode", "q_pe heads differ", lambda d: MLA(d, q_pe=T(2, 1, 3, 4, device=d)), ValueError, "q_pe"),
+    ("mla_decode", "q_pe batch differs", lambda d: MLA(d, q_pe=T(1, 1, 2, 4, device=d)), ValueError, "q_pe"),
+    ("mla_decode", "q_pe tokens differ", lambda d: MLA(d, q_pe=T(2, 2, 2, 4, device=d)), ValueError, "q_pe"),
+    ("mla_decode", "Tq 5", lambda d: MLA(d, q_nope=T(2, 5, 2, 8, device=d), q_pe=T(2, 5, 2, 4, device=d)), ValueError, "q_nope"),
+    ("mla_decode", "Tq 0", lambda d: MLA(d, q_nope=T(2, 0, 2, 8, device=d), q_pe=T(2, 0, 2, 4, device=d)), ValueError, "q_nope"),
+    ("mla_decode", "c_kv rank", lambda d: MLA(d, c_kv=T(2, 6, 1, 8, device=d)), ValueError, "c_kv"),
+    ("mla_decode", "c_kv width", lambda d: MLA(d, c_kv=T(2, 6, 9, device=d)), ValueError, "c_kv"),
+    ("mla_decode", "k_pe width", lambda d: MLA(d, k_pe=T(2, 6, 5, device=d)), ValueError, "k_pe"),
+    ("mla_decode", "k_pe positions differ", lambda d: MLA(d, k_pe=T(2, 7, 4, device=d)), ValueError, "k_pe"),
+    ("mla_decode", "k_pe pages differ", lambda d: MLA(d, paged=True, k_pe=T(5, 4, 4, device=d)), ValueError, "k_pe"),
+    ("mla_decode", "cache batch", lambda d: MLA(d, c_kv=T(3, 6, 8, device=d), k_pe=T(3, 6, 4, device=d)), ValueError, "c_kv"),
+    ("mla_decode", "lens past the cache", lambda d: MLA(d, lens=torch.tensor([7, 1], device=d)), ValueError, "lens"),
+    ("mla_decode", "lens past the table", lambda d: MLA(d, paged=True, lens=torch.tensor([9, 3], device=d)), ValueError, "lens"),
+    ("mla_decode", "negative lens", lambda d: MLA(d, lens=torch.tensor([-1, 2], device=d)), ValueError, "lens"),
+    ("mla_decode", "lens count", lambda d: MLA(d, lens=torch.tensor([1], device=d)), ValueError, "lens"),
+    ("mla_decode", "lens 2-d", lambda d: MLA(d, lens=torch.tensor([[1, 2]], device=d)), ValueError, "lens"),
+    ("mla_decode", "lens float", lambda d: MLA(d, lens=torch.tensor([1.0, 2.0], device=d)), TypeError, "lens"),
+    ("mla_decode", "lens device", lambda d: MLA(d, lens=torch.zeros(2, dtype=torch.int64, device="meta")), ValueError, "lens"),
+    ("mla_decode", "page table entry past the pool", lambda d: MLA(d, paged=True, page_table=torch.tensor([[0, 1], [2, 4]], device=d), lens=torch.tensor([3, 5], device=d)), ValueError, "page_table"),
+    ("mla_decode", "page table -1 in use", lambda d: MLA(d, paged=True, lens=torch.tensor([3, 5], device=d)), ValueError, "page_table"),
+    ("mla_decode", "page table rows", lambda d: MLA(d, paged=True, page_table=torch.tensor([[0, 1]], device=d)), ValueError, "page_table"),
+    ("mla_decode", "page table float", lambda d: MLA(d, paged=True, page_table=torch.tensor([[0.0, 1.0], [2.0, 3.0]], device=d)), TypeError, "page_table"),
+    ("mla_decode", "page_size not the pools'", lambda d: MLA(d, paged=True, page_size=16), ValueError, "page_size"),
+    ("mla_decode", "page_size a float", lambda d: MLA(d, paged=True, page_size=4.0), TypeError, "page_size"),
+    ("mla_decode", "page_size without a table", lambda d: MLA(d, page_size=6), ValueError, "page_size"),
+    ("mla_decode", "softmax_scale zero", lambda d: MLA(d, softmax_scale=0.0), ValueError, "softmax_scale"),
+    ("mla_decode", "softmax_scale negative", lambda d: MLA(d, softmax_scale=-0.1), ValueError, "softmax_scale"),
+    ("mla_decode", "softmax_scale NaN", lambda d: MLA(d, softmax_scale=math.nan), ValueError, "softmax_scale"),
+    ("mla_decode", "softmax_scale inf", lambda d: MLA(d, softmax_scale=math.inf), ValueError, "softmax_scale"),
+    ("mla_decode", "softmax_scale past fp32", lambda d: MLA(d, softmax_scale=1e39), ValueError, "softmax_scale"),
+    ("mla_decode", "softmax_scale None", lambda d: MLA(d, softmax_scale=None), TypeError, "softmax_scale"),
+    ("mla_decode", "num_splits zero", lambda d: MLA(d, num_splits=0), ValueError, "num_splits"),
+    ("mla_decode", "block_h not a power of two", lambda d: MLA(d, block_h=24), ValueError, "block_h"),
+    ("mla_decode", "block_n below 16", lambda d: MLA(d, block_n=8), ValueError, "block_n"),
+    ("mla_decode", "validate not a bool", lambda d: MLA(d, validate=0), TypeError, "validate"),
+    ("mla_decode", "out shape", lambda d: MLA(d, out=T(2, 1, 2, 4, device=d)), ValueError, "out"),
+    ("mla_decode", "out dtype", lambda d: MLA(d, out=T(2, 1, 2, 8, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("mla_decode", "lse_out shape", lambda d: MLA(d, lse_out=torch.empty(2, 2, 1, device=d)), ValueError, "lse_out"),
+    ("mla_decode", "lse_out fp16", lambda d: MLA(d, lse_out=torch.empty(2, 1, 2, dtype=torch.float16, device=d)), TypeError, "lse_out"),
     # adamw: p, g, m, v and the hyperparameters
     ("adamw", "g shape", lambda d: kernels.adamw(T(8, device=d), T(9, device=d), T(8, device=d), T(8, device=d), 1), ValueError, "g"),
     ("adamw", "g dtype", lambda d: kernels.adamw(T(8, device=d), T(8, dtype=torch.bfloat16, device=d), T(8, device=d), T(8, device=d), 1), TypeError, "g"),
@@ -253,6 +309,7 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("flash_attention", lambda d: kernels.flash_attention(T(0, 4, 2, 16, device=d), T(0, 4, 1, 16, device=d), T(0, 4, 1, 16, device=d))),
     ("flash_attention", lambda d: kernels.flash_attention(T(0, 2, 16, device=d), T(0, 1, 16, device=d), T(0, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 0], device=d), cu_seqlens_k=torch.tensor([0, 0], device=d))),
     ("decode_attention", lambda d: kernels.decode_attention(T(0, 4, 16, device=d), T(0, 8, 2, 16, device=d), T(0, 8, 2, 16, device=d), torch.zeros(0, dtype=torch.int32, device=d))),
+    ("mla_decode", lambda d: kernels.mla_decode(T(0, 1, 2, 8, device=d), T(0, 1, 2, 4, device=d), T(0, 6, 8, device=d), T(0, 6, 4, device=d), torch.zeros(0, dtype=torch.int32, device=d), 0.3)[0]),
     ("matmul", lambda d: kernels.matmul(T(0, 8, device=d), T(5, 8, device=d), T(5, device=d), "gelu")),
     ("matmul", lambda d: kernels.matmul(T(2, 3, 8, device=d), T(0, 8, device=d))),
     ("swiglu", lambda d: kernels.swiglu(T(2, 0, 8, device=d), T(5, 8, device=d), T(5, 8, device=d))),

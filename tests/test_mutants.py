@@ -261,6 +261,46 @@ SPECIFIC["decode_attention"] = {
     "last_kv_block_dropped": ({}, lambda i, e: (_decode_as_prefill(i, keys=16),)),
 }
 
+
+def _mla(i, *, shift=0, causal=True, rope_scale=None, head_of=None, tok_of=None, lse_unit=1.0, empty_lse=-np.inf):
+    """mla_decode on a contiguous cache in float64 with pluggable bugs: the causal limit shifted
+    (clamped to the length) or ignored, the rope part scaled by rope_scale instead of the softmax
+    scale, the query of row (token, head) taken from head_of(h) or token tok_of(t, h, Tq, H), lse
+    divided by lse_unit (ln 2: a log2), the lse of a row that sees nothing."""
+    qn, qp, scale = f64(i["q_nope"]), f64(i["q_pe"]), i["softmax_scale"]
+    B, Tq, H, L = qn.shape
+    o, lse = np.zeros((B, Tq, H, L)), np.full((B, Tq, H), -np.inf)
+    for b, n in enumerate(i["lens"].tolist()):
+        c, kp = f64(i["c_kv"][b, :n]), f64(i["k_pe"][b, :n])
+        for t in range(Tq):
+            for h in range(H):
+                tok = t if tok_of is None else tok_of(t, h, Tq, H)
+                seen = n if not causal else min(n, max(0, n - Tq + 1 + tok + shift))
+                if seen == 0:
+                    lse[b, t, h] = empty_lse
+                    continue
+                qh = h if head_of is None else head_of(h)
+                s = (qn[b, t, qh] @ c[:seen].T) * scale + \
+                    (qp[b, t, qh] @ kp[:seen].T) * (scale if rope_scale is None else rope_scale)
+                e = np.exp(s - s.max())
+                o[b, t, h] = e @ c[:seen] / e.sum()
+                lse[b, t, h] = (s.max() + np.log(e.sum())) / lse_unit
+    return tensor(o), tensor(lse)
+
+
+SPECIFIC["mla_decode"] = {
+    "causal_limit_ignored": ({}, lambda i, e: _mla(i, causal=False)),
+    "causal_limit_plus_one": ({}, lambda i, e: _mla(i, shift=1)),
+    "last_position_dropped": ({}, lambda i, e: _mla(i, shift=-1)),
+    "causal_limit_from_head_index": ({}, lambda i, e: _mla(i, tok_of=lambda t, h, tq, hh: (t * hh + h) % tq)),
+    "rope_part_unscaled": ({}, lambda i, e: _mla(i, rope_scale=1.0)),
+    "rope_part_missing": ({}, lambda i, e: _mla(i, rope_scale=0.0)),
+    "every_head_reads_head_0": ({}, lambda i, e: _mla(i, head_of=lambda h: 0)),
+    "lse_in_log2": ({}, lambda i, e: _mla(i, lse_unit=math.log(2))),
+    "empty_row_lse_zero": ({}, lambda i, e: _mla(i, empty_lse=0.0)),
+}
+
+
 def _adamw(i, *, adam_l2=False, no_bias_correction=False, betas_swapped=False, decay_after=False):
     """The AdamW trajectory in float64 with pluggable bugs (p rounded to bf16 each step if bf16)."""
     p, m, v = f64(i["p"]), f64(i["m"]), f64(i["v"])
@@ -476,13 +516,15 @@ SPECIFIC["decoder"] = {
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
-        "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "adamw": (4, 64),
+        "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "mla_decode": (3, 24, 2, 4, 16, 4),
+        "adamw": (4, 64),
         "bias_gelu": (5, 64), "embedding": (3, 7, 16), "matmul": (24, 40, 20), "swiglu": (24, 40, 20),
         "quantize_fp8": (6, 40), "fp8_matmul": (24, 24, 40),     # fp8_matmul: M = N, for the row/column mutant
         "fp8_matmul_fast_accum": (24, 24, 40),
         "decoder": (1, 32, 4, 2, 8, 64, 96)}                    # 1 layer, GQA 4/2 (the head map shows), D 8
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
+               "mla_decode": dict(lens="24,20,1", num_splits=2),   # Tq 2: the first row of lens 1 sees nothing
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding
                "adamw": dict(steps=3, lr=0.3, weight_decay=0.5),
                "matmul": dict(activation="gelu", bias=True), "swiglu": dict(activation="silu", bias=True),
