@@ -31,10 +31,10 @@ _INT_DTYPES = (torch.int32, torch.int64)
 # Shared memory a launch may plan for: the H100/H200 give a block 227 KiB (232448 bytes).
 _SHARED_BYTES = 224 * 1024
 # Split the cache until about this many programs run per SM (auto num_splits), no split
-# shorter than _MIN_SPLIT_TILES tiles. The interpreter counts as a machine of 4 SMs.
-_PROGRAMS_PER_SM = 2
+# shorter than _MIN_SPLIT_TILES tiles. The interpreter counts as a machine of 2 SMs.
+_PROGRAMS_PER_SM = 4
 _MIN_SPLIT_TILES = 4
-_INTERPRETER_SMS = 4
+_INTERPRETER_SMS = 2
 
 
 @triton.jit
@@ -186,11 +186,14 @@ def _shared_bytes(block_h, block_n, stages, block_l, block_r, elem_size):
 
 def _tiles(rows, L, R, elem_size, length, block_h=None, block_n=None, num_warps=None, num_stages=None, gpu=True):
     """(BLOCK_H, BLOCK_N, BLOCK_L, BLOCK_R, num_warps, num_stages) for `rows` query rows of a
-    sequence, widths L and R, and caches of at most `length` positions (not yet tuned on the GPU).
+    sequence, widths L and R, and caches of at most `length` positions (16-bit tiles measured on
+    the H200 by bench/explore_mla.py, bench/NOTES.md).
 
-    GPU: a [BLOCK_H, BLOCK_L] fp32 accumulator and the q tiles live in registers, so wide latents
-    take fewer rows (32 at L = 512) and more warps; fp32 takes 16 x 16 tiles (its ieee dots run
-    on FMAs, fully unrolled). Stages, then the cache tile, shrink until the tiles fit in shared
+    GPU: a [BLOCK_H, BLOCK_L] fp32 accumulator and the q tiles live in registers. At L 512 (what
+    was measured) 16 rows take 64-position tiles (memory-bound), 32 rows 32 x 32 tiles in 3
+    stages, more rows (H 128) 64 x 64 tiles with 8 warps; other wide latents 32 x 32 (Triton's
+    shared memory at L 1024 exceeds _shared_bytes' count for 64-position tiles). fp32 takes
+    16 x 16 tiles (its ieee dots run on FMAs, fully unrolled). Stages, then the cache tile, shrink until the tiles fit in shared
     memory; where even the smallest do not (fp32 past L ~ 1500), the launch is refused. The
     interpreter takes larger tiles (fewer loop steps) and has no shared memory to fit."""
     _power_of_two("block_h", block_h)
@@ -207,10 +210,16 @@ def _tiles(rows, L, R, elem_size, length, block_h=None, block_n=None, num_warps=
         bh, bn, warps, stages = 64, 64, 4, 1
     elif elem_size == 4:
         bh, bn, warps, stages = 16, 16 if bl >= 512 else 32, 4, 2
-    else:
-        bh, bn = (64, 64) if bl <= 128 else (32, 32)
-        warps = 8 if bh * bl >= 16384 else 4
-        stages = 2
+    elif bl <= 128:
+        bh, bn, warps, stages = 64, 64, 4, 2
+    elif bl != 512:             # other wide latents: not measured, the tiles that always fit
+        bh, bn, warps, stages = 32, 32, 8 if 32 * bl >= 16384 else 4, 2
+    elif fit_rows <= 16:        # DeepSeek's L 512 (bench/explore_mla.py). H 16, one token:
+        bh, bn, warps, stages = 16, 64, 4, 2        # memory-bound, a long tile in flight
+    elif fit_rows <= 32:
+        bh, bn, warps, stages = 32, 32, 4, 3
+    else:                       # H 128: a 64-row block reads each cache tile for more heads
+        bh, bn, warps, stages = 64, 64, 8, 2
     bh = block_h or min(bh, fit_rows)
     bn = block_n or min(bn, fit_len)
     warps = num_warps or warps
