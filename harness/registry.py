@@ -29,6 +29,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fp8_matmul": ("harness.ops.fp8", FLOATS),      # the dtype is the output's
     "fp8_matmul_fast_accum": ("harness.ops.fp8", FLOATS),   # fp8_matmul(..., fast_accum=True)
     "decoder": ("harness.ops.decoder", FLOATS),     # a whole Qwen2-style model (models/); the dtype is the model's
+    "gated_delta_rule": ("harness.ops.gated_delta", FLOATS),
 }
 
 

@@ -44,6 +44,25 @@ def MLA(d, **kw):
     return kernels.mla_decode(**args)
 
 
+def GDN(d, B=1, T_=4, Hk=1, Hv=2, Dk=8, Dv=4, dtype=torch.float32, **kw):
+    """gated_delta_rule on small valid inputs (B 1, T 4, Hk 1, Hv 2, Dk 8, Dv 4), any argument
+    replaced by kw."""
+    args = dict(q=T(B, T_, Hk, Dk, dtype=dtype, device=d), k=T(B, T_, Hk, Dk, dtype=dtype, device=d),
+                v=T(B, T_, Hv, Dv, dtype=dtype, device=d), g=-T(B, T_, Hv, device=d).abs(),
+                beta=T(B, T_, Hv, device=d).sigmoid())
+    args.update(kw)
+    return kernels.gated_delta_rule(**args)
+
+
+def GDN1(d, B=2, Hk=1, Hv=2, Dk=8, Dv=4, **kw):
+    """gated_delta_rule_decode on small valid inputs (B 2, Hk 1, Hv 2, Dk 8, Dv 4), any argument
+    replaced by kw."""
+    args = dict(q=T(B, Hk, Dk, device=d), k=T(B, Hk, Dk, device=d), v=T(B, Hv, Dv, device=d),
+                g=-T(B, Hv, device=d).abs(), beta=T(B, Hv, device=d).sigmoid(), state=T(B, Hv, Dk, Dv, device=d))
+    args.update(kw)
+    return kernels.gated_delta_rule_decode(**args)
+
+
 # (op, description, call(device), exception, the argument the message must start with)
 BAD = [
     # rmsnorm / layernorm / add_rmsnorm
@@ -188,6 +207,68 @@ BAD = [
     ("mla_decode", "out dtype", lambda d: MLA(d, out=T(2, 1, 2, 8, dtype=torch.float16, device=d)), TypeError, "out"),
     ("mla_decode", "lse_out shape", lambda d: MLA(d, lse_out=torch.empty(2, 2, 1, device=d)), ValueError, "lse_out"),
     ("mla_decode", "lse_out fp16", lambda d: MLA(d, lse_out=torch.empty(2, 1, 2, dtype=torch.float16, device=d)), TypeError, "lse_out"),
+    # gated_delta_rule (prefill) and gated_delta_rule_decode
+    ("gated_delta_rule", "q int", lambda d: GDN(d, q=torch.ones(1, 4, 1, 8, dtype=torch.int32, device=d)), TypeError, "q"),
+    ("gated_delta_rule", "float64 inputs", lambda d: GDN(d, dtype=torch.float64), TypeError, "q"),
+    ("gated_delta_rule", "q not a tensor", lambda d: GDN(d, q=[[1.0]]), TypeError, "q"),
+    ("gated_delta_rule", "q 3-d", lambda d: GDN(d, q=T(4, 1, 8, device=d)), ValueError, "q"),
+    ("gated_delta_rule", "dtypes differ", lambda d: GDN(d, k=T(1, 4, 1, 8, dtype=torch.float16, device=d)), TypeError, "k"),
+    ("gated_delta_rule", "g float64", lambda d: GDN(d, g=T(1, 4, 2, dtype=torch.float64, device=d)), TypeError, "g"),
+    ("gated_delta_rule", "beta bf16 with fp16 inputs", lambda d: GDN(d, dtype=torch.float16, beta=T(1, 4, 2, dtype=torch.bfloat16, device=d)), TypeError, "beta"),
+    ("gated_delta_rule", "Hv not a multiple of Hk", lambda d: GDN(d, Hk=2, Hv=3), ValueError, "v"),
+    ("gated_delta_rule", "k not shaped like q", lambda d: GDN(d, k=T(1, 4, 1, 9, device=d)), ValueError, "k"),
+    ("gated_delta_rule", "k of other heads", lambda d: GDN(d, k=T(1, 4, 2, 8, device=d)), ValueError, "k"),
+    ("gated_delta_rule", "v of another T", lambda d: GDN(d, v=T(1, 5, 2, 4, device=d)), ValueError, "v"),
+    ("gated_delta_rule", "v of another B", lambda d: GDN(d, v=T(2, 4, 2, 4, device=d)), ValueError, "v"),
+    ("gated_delta_rule", "g of another T", lambda d: GDN(d, g=-T(1, 5, 2, device=d).abs()), ValueError, "g"),
+    ("gated_delta_rule", "g of another B", lambda d: GDN(d, g=-T(2, 4, 2, device=d).abs()), ValueError, "g"),
+    ("gated_delta_rule", "g per K head", lambda d: GDN(d, g=-T(1, 4, 1, device=d).abs()), ValueError, "g"),
+    ("gated_delta_rule", "beta of another T", lambda d: GDN(d, beta=T(1, 3, 2, device=d)), ValueError, "beta"),
+    ("gated_delta_rule", "beta 2-d", lambda d: GDN(d, beta=T(4, 2, device=d)), ValueError, "beta"),
+    ("gated_delta_rule", "Dk past 256", lambda d: GDN(d, Dk=300), ValueError, "q"),
+    ("gated_delta_rule", "g device", lambda d: GDN(d, g=torch.zeros(1, 4, 2, device="meta")), ValueError, "g"),
+    ("gated_delta_rule", "cu_seqlens with B 2", lambda d: GDN(d, B=2, cu_seqlens=torch.tensor([0, 4], device=d)), ValueError, "cu_seqlens"),
+    ("gated_delta_rule", "cu_seqlens decreasing", lambda d: GDN(d, cu_seqlens=torch.tensor([0, 3, 2, 4], device=d)), ValueError, "cu_seqlens"),
+    ("gated_delta_rule", "cu_seqlens short of T", lambda d: GDN(d, cu_seqlens=torch.tensor([0, 3], device=d)), ValueError, "cu_seqlens"),
+    ("gated_delta_rule", "cu_seqlens past T", lambda d: GDN(d, cu_seqlens=torch.tensor([0, 5], device=d)), ValueError, "cu_seqlens"),
+    ("gated_delta_rule", "cu_seqlens not from 0", lambda d: GDN(d, cu_seqlens=torch.tensor([1, 4], device=d)), ValueError, "cu_seqlens"),
+    ("gated_delta_rule", "cu_seqlens empty", lambda d: GDN(d, cu_seqlens=torch.zeros(0, dtype=torch.int64, device=d)), ValueError, "cu_seqlens"),
+    ("gated_delta_rule", "cu_seqlens float", lambda d: GDN(d, cu_seqlens=torch.tensor([0.0, 4.0], device=d)), TypeError, "cu_seqlens"),
+    ("gated_delta_rule", "cu_seqlens 2-d", lambda d: GDN(d, cu_seqlens=torch.tensor([[0, 4]], device=d)), ValueError, "cu_seqlens"),
+    ("gated_delta_rule", "initial_state fp16", lambda d: GDN(d, initial_state=T(1, 2, 8, 4, dtype=torch.float16, device=d)), TypeError, "initial_state"),
+    ("gated_delta_rule", "initial_state bf16", lambda d: GDN(d, dtype=torch.bfloat16, initial_state=T(1, 2, 8, 4, dtype=torch.bfloat16, device=d)), TypeError, "initial_state"),
+    ("gated_delta_rule", "initial_state shape", lambda d: GDN(d, initial_state=T(1, 2, 4, 8, device=d)), ValueError, "initial_state"),
+    ("gated_delta_rule", "initial_state per batch row with cu_seqlens", lambda d: GDN(d, cu_seqlens=torch.tensor([0, 2, 4], device=d), initial_state=T(1, 2, 8, 4, device=d)), ValueError, "initial_state"),
+    ("gated_delta_rule", "scale zero", lambda d: GDN(d, scale=0.0), ValueError, "scale"),
+    ("gated_delta_rule", "scale negative", lambda d: GDN(d, scale=-0.5), ValueError, "scale"),
+    ("gated_delta_rule", "scale NaN", lambda d: GDN(d, scale=math.nan), ValueError, "scale"),
+    ("gated_delta_rule", "scale inf", lambda d: GDN(d, scale=math.inf), ValueError, "scale"),
+    ("gated_delta_rule", "scale a string", lambda d: GDN(d, scale="0.5"), TypeError, "scale"),
+    ("gated_delta_rule", "output_final_state not a bool", lambda d: GDN(d, output_final_state=1), TypeError, "output_final_state"),
+    ("gated_delta_rule", "use_qk_l2norm not a bool", lambda d: GDN(d, use_qk_l2norm="yes"), TypeError, "use_qk_l2norm"),
+    ("gated_delta_rule", "chunk_size 48", lambda d: GDN(d, chunk_size=48), ValueError, "chunk_size"),
+    ("gated_delta_rule", "chunk_size 8", lambda d: GDN(d, chunk_size=8), ValueError, "chunk_size"),
+    ("gated_delta_rule", "block_v 24", lambda d: GDN(d, block_v=24), ValueError, "block_v"),
+    ("gated_delta_rule", "out shape", lambda d: GDN(d, out=T(1, 4, 2, 5, device=d)), ValueError, "out"),
+    ("gated_delta_rule", "out dtype", lambda d: GDN(d, out=T(1, 4, 2, 4, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("gated_delta_rule", "out strided", lambda d: GDN(d, out=T(1, 4, 4, 2, device=d).transpose(2, 3)), ValueError, "out"),
+    ("gated_delta_rule", "final_state_out dtype", lambda d: GDN(d, output_final_state=True, final_state_out=T(1, 2, 8, 4, dtype=torch.float16, device=d)), TypeError, "final_state_out"),
+    ("gated_delta_rule", "final_state_out shape", lambda d: GDN(d, output_final_state=True, final_state_out=T(2, 2, 8, 4, device=d)), ValueError, "final_state_out"),
+    ("gated_delta_rule", "final_state_out without output_final_state", lambda d: GDN(d, final_state_out=T(1, 2, 8, 4, device=d)), ValueError, "final_state_out"),
+    ("gated_delta_rule", "decode q 4-d", lambda d: GDN1(d, q=T(2, 1, 1, 8, device=d)), ValueError, "q"),
+    ("gated_delta_rule", "decode dtypes differ", lambda d: GDN1(d, v=T(2, 2, 4, dtype=torch.bfloat16, device=d)), TypeError, "v"),
+    ("gated_delta_rule", "decode k not shaped like q", lambda d: GDN1(d, k=T(2, 1, 7, device=d)), ValueError, "k"),
+    ("gated_delta_rule", "decode Hv not a multiple of Hk", lambda d: GDN1(d, Hk=2, Hv=3), ValueError, "v"),
+    ("gated_delta_rule", "decode v of another batch", lambda d: GDN1(d, v=T(3, 2, 4, device=d)), ValueError, "v"),
+    ("gated_delta_rule", "decode g shape", lambda d: GDN1(d, g=T(2, 1, device=d)), ValueError, "g"),
+    ("gated_delta_rule", "decode beta dtype", lambda d: GDN1(d, beta=T(2, 2, dtype=torch.float16, device=d)), TypeError, "beta"),
+    ("gated_delta_rule", "decode state fp16", lambda d: GDN1(d, state=T(2, 2, 8, 4, dtype=torch.float16, device=d)), TypeError, "state"),
+    ("gated_delta_rule", "decode state shape", lambda d: GDN1(d, state=T(2, 2, 4, 8, device=d)), ValueError, "state"),
+    ("gated_delta_rule", "decode state broadcast", lambda d: GDN1(d, state=T(1, 2, 8, 4, device=d).expand(2, 2, 8, 4)), ValueError, "state"),
+    ("gated_delta_rule", "decode state missing", lambda d: GDN1(d, state=None), TypeError, "state"),
+    ("gated_delta_rule", "decode scale NaN", lambda d: GDN1(d, scale=math.nan), ValueError, "scale"),
+    ("gated_delta_rule", "decode use_qk_l2norm not a bool", lambda d: GDN1(d, use_qk_l2norm=0), TypeError, "use_qk_l2norm"),
+    ("gated_delta_rule", "decode out shape", lambda d: GDN1(d, out=T(2, 2, 5, device=d)), ValueError, "out"),
     # adamw: p, g, m, v and the hyperparameters
     ("adamw", "g shape", lambda d: kernels.adamw(T(8, device=d), T(9, device=d), T(8, device=d), T(8, device=d), 1), ValueError, "g"),
     ("adamw", "g dtype", lambda d: kernels.adamw(T(8, device=d), T(8, dtype=torch.bfloat16, device=d), T(8, device=d), T(8, device=d), 1), TypeError, "g"),
@@ -309,6 +390,9 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("flash_attention", lambda d: kernels.flash_attention(T(0, 4, 2, 16, device=d), T(0, 4, 1, 16, device=d), T(0, 4, 1, 16, device=d))),
     ("flash_attention", lambda d: kernels.flash_attention(T(0, 2, 16, device=d), T(0, 1, 16, device=d), T(0, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 0], device=d), cu_seqlens_k=torch.tensor([0, 0], device=d))),
     ("decode_attention", lambda d: kernels.decode_attention(T(0, 4, 16, device=d), T(0, 8, 2, 16, device=d), T(0, 8, 2, 16, device=d), torch.zeros(0, dtype=torch.int32, device=d))),
+    ("gated_delta_rule", lambda d: GDN(d, T_=0)[0]),
+    ("gated_delta_rule", lambda d: GDN(d, B=0, output_final_state=True)[1]),
+    ("gated_delta_rule", lambda d: GDN1(d, B=0)),
     ("mla_decode", lambda d: kernels.mla_decode(T(0, 1, 2, 8, device=d), T(0, 1, 2, 4, device=d), T(0, 6, 8, device=d), T(0, 6, 4, device=d), torch.zeros(0, dtype=torch.int32, device=d), 0.3)[0]),
     ("matmul", lambda d: kernels.matmul(T(0, 8, device=d), T(5, 8, device=d), T(5, device=d), "gelu")),
     ("matmul", lambda d: kernels.matmul(T(2, 3, 8, device=d), T(0, 8, device=d))),

@@ -300,7 +300,6 @@ SPECIFIC["mla_decode"] = {
     "empty_row_lse_zero": ({}, lambda i, e: _mla(i, empty_lse=0.0)),
 }
 
-
 def _adamw(i, *, adam_l2=False, no_bias_correction=False, betas_swapped=False, decay_after=False):
     """The AdamW trajectory in float64 with pluggable bugs (p rounded to bf16 each step if bf16)."""
     p, m, v = f64(i["p"]), f64(i["m"]), f64(i["v"])
@@ -513,6 +512,55 @@ SPECIFIC["decoder"] = {
     "untied_head_read_from_embedding": ({}, lambda i, e: _decoder(i, _head_tied_by_mistake)),
 }
 
+def _gdn(i, *, head_of=None, decay_after=False, beta_v_only=False, o_before_update=False, scale=None,
+         eps_outside=False, no_l2norm=False, reset_every=None, final_roll=0):
+    """gated_delta_rule token by token in float64 with pluggable bugs: V head h reading q/k head
+    head_of(h, Hk, Hv), the decay applied after the update, beta on v only, o read from the state
+    before the token's update, another scale, the L2 norm's eps outside the sqrt or no norm, the
+    state restarted from zero every `reset_every` tokens, the final states rolled over sequences."""
+    q, k, v, g, beta = (f64(i[n]) for n in ("q", "k", "v", "g", "beta"))
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    sc = scale if scale is not None else (Dk ** -0.5 if i["scale"] is None else i["scale"])
+    if i["use_qk_l2norm"] and not no_l2norm:
+        def norm(x):
+            ss = (x * x).sum(-1, keepdims=True)
+            return x / (np.sqrt(ss) + 1e-6) if eps_outside else x / np.sqrt(ss + 1e-6)
+        q, k = norm(q), norm(k)
+    head_of = head_of or (lambda h, hk, hv: h // (hv // hk))
+    cu = None if i["cu_seqlens"] is None else i["cu_seqlens"].tolist()
+    seqs = [(b, 0, T) for b in range(B)] if cu is None else [(0, a, z) for a, z in zip(cu, cu[1:])]
+    o, finals = np.zeros((B, T, Hv, Dv)), []
+    for n, (b, t0, t1) in enumerate(seqs):
+        S = np.zeros((Hv, Dk, Dv)) if i["initial_state"] is None else f64(i["initial_state"])[n]
+        for t in range(t0, t1):
+            if reset_every and t > t0 and (t - t0) % reset_every == 0:
+                S = np.zeros_like(S)
+            for h in range(Hv):
+                kh, qh, a, bt = k[b, t, head_of(h, Hk, Hv)], q[b, t, head_of(h, Hk, Hv)], np.exp(g[b, t, h]), beta[b, t, h]
+                before = S[h] if decay_after else a * S[h]
+                u = bt * v[b, t, h] - before.T @ kh if beta_v_only else bt * (v[b, t, h] - before.T @ kh)
+                after = before + np.outer(kh, u)
+                if decay_after:
+                    after = a * after
+                o[b, t, h] = sc * ((before if o_before_update else after).T @ qh)
+                S[h] = after
+        finals.append(S)
+    return tensor(o), tensor(np.roll(np.stack(finals), final_roll, axis=0))
+
+
+SPECIFIC["gated_delta_rule"] = {
+    "k_heads_as_v_heads": ({}, lambda i, e: _gdn(i, head_of=lambda h, hk, hv: h % hk)),
+    "decay_after_update": ({}, lambda i, e: _gdn(i, decay_after=True)),
+    "beta_on_v_only": ({}, lambda i, e: _gdn(i, beta_v_only=True)),
+    "o_before_update": ({}, lambda i, e: _gdn(i, o_before_update=True)),
+    "scale_missing": ({}, lambda i, e: _gdn(i, scale=1.0)),
+    "l2norm_eps_outside_sqrt": (dict(values="small"), lambda i, e: _gdn(i, eps_outside=True)),
+    "l2norm_missing": ({}, lambda i, e: _gdn(i, no_l2norm=True)),
+    "state_not_carried_across_chunks": ({}, lambda i, e: _gdn(i, reset_every=64)),
+    "final_state_of_another_sequence": (dict(shape=(2, 4, 16, 12), lens="30,0,41"), lambda i, e: _gdn(i, final_roll=1)),
+}
+
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
@@ -521,7 +569,8 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "bias_gelu": (5, 64), "embedding": (3, 7, 16), "matmul": (24, 40, 20), "swiglu": (24, 40, 20),
         "quantize_fp8": (6, 40), "fp8_matmul": (24, 24, 40),     # fp8_matmul: M = N, for the row/column mutant
         "fp8_matmul_fast_accum": (24, 24, 40),
-        "decoder": (1, 32, 4, 2, 8, 64, 96)}                    # 1 layer, GQA 4/2 (the head map shows), D 8
+        "decoder": (1, 32, 4, 2, 8, 64, 96),                    # 1 layer, GQA 4/2 (the head map shows), D 8
+        "gated_delta_rule": (2, 70, 2, 4, 16, 12)}              # Hv / Hk 2 with Hk 2 (the head map shows), 2 chunks
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                "mla_decode": dict(lens="24,20,1", num_splits=2),   # Tq 2: the first row of lens 1 sees nothing
@@ -531,7 +580,9 @@ BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsno
                "quantize_fp8": dict(fmt="e4m3fn", granularity="row"),
                "fp8_matmul": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True),
                "fp8_matmul_fast_accum": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True),
-               "decoder": dict(lens="6,3", steps=2, tied=False)}
+               "decoder": dict(lens="6,3", steps=2, tied=False),
+               # slow decay: the state carries far enough for a wrong update order to show
+               "gated_delta_rule": dict(gate="slow", beta="uniform", init=True, l2norm=True)}
 
 
 _CONTROLS: dict = {}

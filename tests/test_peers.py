@@ -1,10 +1,10 @@
-"""harness/peers: the Liger-Kernel and FlagGems adapters, checked without the libraries (CI has
-neither). The modules import without them, their adapters are Implementations of registered ops
-that --impl accepts, calling one without its library names the extra to install, the declared
-unsupported reasons fire where the libraries' contracts end, and each adapter maps its
-launcher's arguments onto the library's call: the whole check (harness.run.run_case: inputs,
-stand-in launcher, oracle, budget) runs against a fake library that records its calls and
-computes what the real one's contract says, in float64, rounded once.
+"""harness/peers: the Liger-Kernel, FlagGems and flash-linear-attention adapters, checked without
+the libraries (CI has none of them). The modules import without them, their adapters are
+Implementations of registered ops that --impl accepts, calling one without its library names
+the extra to install, the declared unsupported reasons fire where the libraries' contracts end,
+and each adapter maps its launcher's arguments onto the library's call: the whole check
+(harness.run.run_case: inputs, stand-in launcher, oracle, budget) runs against a fake library
+that records its calls and computes what the real one's contract says, in float64, rounded once.
 """
 import importlib
 import sys
@@ -16,14 +16,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import oracles
 from harness import impls, registry
 from harness.cases import Case
+from harness.peers import fla as fla_adapters
 from harness.peers import flag_gems as gems_adapters
 from harness.peers import liger as liger_adapters
 from harness.run import run_case
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = {"liger": liger_adapters, "flag_gems": gems_adapters}
+MODULES = {"liger": liger_adapters, "flag_gems": gems_adapters, "fla": fla_adapters}
+LIBRARY_MODULES = {"liger": "liger_kernel", "flag_gems": "flag_gems", "fla": "fla"}    # what each imports
 
 
 def _impl(library, op):
@@ -135,11 +138,29 @@ def fake_gems(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def fake_fla(monkeypatch):
+    """fla's chunk_gated_delta_rule as its contract says: o in v's dtype, the final state fp32
+    (None unless asked), q and k L2-normalised in the kernel when asked; from the float64 oracle."""
+    calls = Recorder()
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+        o, state = oracles.gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                            use_qk_l2norm=use_qk_l2norm_in_kernel)
+        return o.to(v.dtype), state.float() if output_final_state else None
+
+    _install(monkeypatch, {"fla": {}, "fla.ops": {}, "fla.ops.gated_delta_rule": {
+        "chunk_gated_delta_rule": calls.wrap("chunk_gated_delta_rule", chunk_gated_delta_rule)}})
+    return calls
+
+
 # -- the modules and their adapters ------------------------------------------------------------
 
 def test_the_modules_import_without_their_libraries(monkeypatch):
-    for library, module in (("liger_kernel", liger_adapters), ("flag_gems", gems_adapters)):
-        monkeypatch.setitem(sys.modules, library, None)      # importing it now fails
+    for library, module in MODULES.items():
+        monkeypatch.setitem(sys.modules, LIBRARY_MODULES[library], None)      # importing it now fails
         assert importlib.reload(module).ADAPTERS
 
 
@@ -159,8 +180,10 @@ def test_every_adapter_is_an_implementation_of_a_registered_op(library):
 def test_the_entry_points_name_the_adapter_lists():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     points = project["entry-points"]["kernelcheck.impls"]
-    assert points == {"liger": "harness.peers.liger:ADAPTERS", "flag_gems": "harness.peers.flag_gems:ADAPTERS"}
-    assert {p.split(">=")[0] for p in project["optional-dependencies"]["peers"]} == {"liger-kernel", "flag-gems"}
+    assert points == {"liger": "harness.peers.liger:ADAPTERS", "flag_gems": "harness.peers.flag_gems:ADAPTERS",
+                      "fla": "harness.peers.fla:ADAPTERS"}
+    assert {p.split(">=")[0] for p in project["optional-dependencies"]["peers"]} == {"liger-kernel", "flag-gems",
+                                                                                      "fla-core"}
 
 
 @pytest.mark.parametrize("library,op_name,subject", [
@@ -169,10 +192,11 @@ def test_the_entry_points_name_the_adapter_lists():
     ("liger", "embedding", Case.make("embedding", "float32", (3, 8))),
     ("flag_gems", "matmul", Case.make("matmul", "float32", (3, 4, 5), bias=True)),
     ("flag_gems", "rope", Case.make("rope", "float32", (1, 2, 2, 8))),
+    ("fla", "gated_delta_rule", Case.make("gated_delta_rule", "float32", (1, 20, 1, 2, 16, 16))),
 ])
 def test_without_its_library_an_adapter_names_the_extra_to_install(monkeypatch, backend, budgets, library, op_name,
                                                                    subject):
-    monkeypatch.setitem(sys.modules, {"liger": "liger_kernel", "flag_gems": "flag_gems"}[library], None)
+    monkeypatch.setitem(sys.modules, LIBRARY_MODULES[library], None)
     with pytest.raises(ImportError, match=r"pip install kernelcheck\[peers\]"):
         run_case(subject, backend, budgets, _impl(library, op_name))
 
@@ -317,6 +341,35 @@ def test_a_flag_gems_adapter_maps_its_arguments(fake_gems, backend, budgets, sub
         assert kwargs == {"rotary_interleaved": case.param("style", "neox") == "gptj"}
     if called == "gelu_and_mul":
         assert kwargs == {"approximate": "tanh" if case.param("activation") == "gelu_tanh" else "none"}
+
+
+FLA_CASES = [
+    Case.make("gated_delta_rule", "float32", (2, 20, 1, 2, 16, 16)),                     # Hv / Hk = 2
+    Case.make("gated_delta_rule", "float32", (1, 2, 16, 16), lens="3,0,20"),            # varlen, an empty one
+    Case.make("gated_delta_rule", "float32", (1, 20, 2, 2, 12, 8), l2norm=False, init=True, scale=0.5),
+    Case.make("gated_delta_rule", "float32", (2, 20, 1, 4, 16, 16), layout="permuted", init=False),
+    Case.make("gated_delta_rule", "float16", (1, 20, 1, 2, 16, 16), gate="uniform"),
+    Case.make("gated_delta_rule", "bfloat16", (1, 2, 16, 8), lens="5,17", gate_fp32=True),
+]
+
+
+@pytest.mark.parametrize("subject", FLA_CASES, ids=lambda v: v.id)
+def test_an_fla_adapter_maps_its_arguments(fake_fla, backend, budgets, subject):
+    case = subject
+    _check(case, backend, budgets, _impl("fla", case.op))
+    (q, k, v, g, beta), kwargs = fake_fla["chunk_gated_delta_rule"]
+    assert set(kwargs) == {"scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel", "cu_seqlens"}
+    assert kwargs["output_final_state"] is True
+    assert kwargs["use_qk_l2norm_in_kernel"] is case.param("l2norm", True)
+    assert kwargs["scale"] == case.param("scale")
+    assert (kwargs["initial_state"] is None) == (not case.param("init", True))
+    cu = kwargs["cu_seqlens"]
+    if case.param("lens") is None:
+        assert cu is None and q.shape[0] == case.shape[0]
+    else:
+        lens = [int(n) for n in case.param("lens").split(",")]
+        assert cu.dtype == torch.int64 and cu.tolist() == [0, *torch.tensor(lens).cumsum(0).tolist()]
+        assert q.shape[0] == 1 and q.shape[1] == sum(lens)
 
 
 # -- the report ---------------------------------------------------------------------------------

@@ -1,0 +1,504 @@
+"""The gated delta rule (Gated DeltaNet): a chunked prefill kernel and the one-token decode step.
+
+Per sequence and V head, a state S [Dk, Dv] evolves token by token: S = exp(g) S;
+u = beta (v - S^T k); S = S + k u^T; o = S^T (scale q). V head h reads q/k head h // (Hv / Hk).
+Every column of S evolves on its own, so a state-pass program takes one (sequence, V head,
+block of BV value columns) and keeps its [Dk, BV] slice of the state in fp32 registers from
+start to end; what does not need the state (A, T, W, U, the scores, the decays) is computed for
+all chunks in parallel first (_gdn_prepare_kernel) into fp32 workspaces.
+
+The prefill kernel walks its sequence in chunks of BT tokens (the WY/UT form). Within a chunk,
+with seg[i, j] = sum_{j < t <= i} g_t and G_i = sum_{t <= i} g_t:
+    A = strictly_lower(beta_i k_i.k_j exp(seg[i, j])),  T = (I + A)^-1 (by block doubling),
+    W = T diag(beta exp(G)) K,  U = T diag(beta) V,  V' = U - W S0  (the u of each token),
+    O = scale (diag(exp(G)) Q S0 + (Q K^T o exp(seg) o causal) V'),
+    S = exp(G_last) S0 + K^T diag(exp(seg[last, :])) V'.
+Everything is fp32: inputs are widened as they are loaded, every tl.dot takes fp32 operands
+(tf32x3 on a GPU, GPU_PRECISION; NumPy's fp32 on the interpreter), and only o is rounded to the
+input dtype. seg is a scan of g within its segment, not a difference of cumulative sums:
+G_i - G_j keeps the rounding of every partial sum at |G| (a chunk of g = -1e4 then 63 times
+-0.013 moves the later weights exp(G_i - G_j) by up to 2%), where a segment's own sum of
+same-signed terms keeps its relative accuracy. With use_qk_l2norm, Q and K are the normalised
+rows: the prepare kernel finds the norms in a first pass over Dk (in blocks of up to 128
+columns) and hands the state pass each row's factor (scale exp(G) / |q|, exp(seg[last]) / |k|).
+
+Non-finite inputs: g = -inf is valid (clamped to -1e30, whose exp is 0 in fp32 as in float64).
+A NaN (or infinity) in k, v or beta, or a NaN in g, must reach only its own and later tokens,
+but inside a chunk's products a zero weight times NaN would reach the earlier ones too. Such
+tokens are computed as zeros and their column's outputs from that token on, and its state, set
+to NaN. q enters each output row alone: a NaN there reaches its own output only.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_shape, check_tensor,
+                             interpreting, new_out)
+
+MAX_HEAD_DIM_K = 256        # the state slice [Dk, BV] lives in registers
+_INT_DTYPES = (torch.int32, torch.int64)
+_SMS = 132                  # an H100/H200: the grid is narrowed in V until it covers them twice
+# The fp32 dots on a GPU: three TF32 tensor-core products (a = hi + lo; hi hi + hi lo + lo hi),
+# about 2^-21 relative per product where fp32 is 2^-24; "ieee" dots (FMA loops) took minutes to
+# compile at these tile sizes. The interpreter's dots are NumPy's fp32 matmul.
+GPU_PRECISION = "tf32x3"
+# Launch settings by tile size (bench/NOTES.md); None: the defaults below.
+_LAUNCH = dict(prepare_warps=None, state_warps=None, state_stages=1)
+
+
+@triton.jit
+def _load_rows(base, pos, s_t, s_d, offs_d, t_ok, D):
+    """A [rows, len(offs_d)] tile of token rows `pos` (masked by t_ok and offs_d < D), widened to fp32."""
+    mask = t_ok[:, None] & (offs_d < D)[None, :]
+    return tl.load(base + pos[:, None] * s_t + offs_d[None, :] * s_d, mask=mask, other=0.0).to(tl.float32)
+
+
+# Compiled variants. A GPU compile of the chunk kernels takes seconds (tf32x3 dot chains), and
+# every distinct specialisation (a stride of 1 or a multiple of 16, a 16-byte aligned pointer) is
+# one more, so each is jitted twice (_jit_twice): an aligned variant, taken when q, k, v and o
+# are 16-byte aligned with unit element strides, token / head strides and head dims that are
+# multiples of 16, specialised on those alone (vectorised loads and stores: without them T 4096
+# takes 2-3x as long, bench/NOTES.md); and a generic one, specialised on nothing. Lengths, head
+# counts and the flags (varlen, L2 norm, initial and final state) are runtime values in both;
+# the workspaces (aligned, their row strides multiples of 16 whatever the dims) are specialised
+# in both, which costs no variant.
+_QKV_SPECIALISED = ("q_ptr", "k_ptr", "v_ptr", "sq_t", "sq_h", "sq_d", "sk_t", "sk_h", "sk_d", "sv_t", "sv_h", "sv_d",
+                    "Dk", "Dv", "o_ptr", "so_b", "so_t", "so_h")
+_WORKSPACES = ("w_ptr", "u_ptr", "aqk_ptr", "eg_ptr", "qf_ptr", "kf_ptr", "su")
+
+
+def _jit_twice(fn):
+    """(aligned, generic) JIT functions of one kernel body (the comment above)."""
+    params = inspect.signature(fn).parameters
+    runtime = [n for n, p in params.items() if p.annotation is inspect.Parameter.empty]
+    ints = [n for n in runtime if not n.endswith("_ptr")]
+    ptrs = [n for n in runtime if n.endswith("_ptr")]
+
+    def jit(specialised):
+        return triton.jit(do_not_specialize=[n for n in ints if n not in specialised],
+                          do_not_specialize_on_alignment=[n for n in ptrs if n not in specialised])(fn)
+    return jit(_QKV_SPECIALISED + _WORKSPACES), jit(_WORKSPACES)
+
+
+def _qkv_aligned(q, k, v, o) -> bool:
+    """Whether a call takes the aligned variant of the chunk kernels (q, k, v and o [B, T, H, D])."""
+    return all(t.data_ptr() % 16 == 0 and t.stride(3) == 1 and t.stride(1) % 16 == 0 and t.stride(2) % 16 == 0
+               and t.shape[3] % 16 == 0 for t in (q, k, v, o)) and o.stride(0) % 16 == 0
+
+
+def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, kf_ptr,
+                        T, Hv, GROUP, Dk, Dv, su, scale,
+                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                        sg_b, sg_t, sg_h, sb_b, sb_t, sb_h, varlen, l2norm,
+                        BT: tl.constexpr, LOG2_BT: tl.constexpr,
+                        BK: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    """One chunk of one (sequence, V head), independent of the state: W, U, Aqk, the decays and
+    the row factors of q and k (the module docstring), into fp32 workspaces indexed by token
+    (row = b T + position; W's rows BK wide, U's su). Dk is taken in blocks of BKC columns (a
+    [BT, 256] fp32 tile split for tf32x3 would not fit shared memory)."""
+    c = tl.program_id(0)                  # chunk within the sequence
+    pid = tl.program_id(1)
+    n = (pid // Hv).to(tl.int64)
+    h = (pid % Hv).to(tl.int64)
+    hk = h // GROUP
+    if varlen:
+        bos = tl.load(cu_ptr + n).to(tl.int64)
+        seq_len = (tl.load(cu_ptr + n + 1).to(tl.int64) - bos).to(tl.int32)
+        b = n * 0
+    else:
+        bos = n * 0
+        seq_len = T
+        b = n
+    t0 = c * BT
+    if t0 < seq_len:
+        offs_t = tl.arange(0, BT)
+        offs_c = tl.arange(0, BKC)
+        rows = offs_t[:, None]
+        cols = offs_t[None, :]
+        causal = cols <= rows
+        pos = bos + t0 + offs_t                   # int64 position in the (packed) sequence
+        row = b * T + pos                         # int64 workspace row
+        t_ok = t0 + offs_t < seq_len
+        q_base = q_ptr + b * sq_b + hk * sq_h
+        k_base = k_ptr + b * sk_b + hk * sk_h
+        g = tl.load(g_ptr + b * sg_b + h * sg_h + pos * sg_t, mask=t_ok, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + b * sb_b + h * sb_h + pos * sb_t, mask=t_ok, other=0.0).to(tl.float32)
+        # Each row's |q|^2, |k|^2, and whether its k is finite, over the blocks of Dk.
+        q_sq = tl.zeros([BT], dtype=tl.float32)
+        k_sq = tl.zeros([BT], dtype=tl.float32)
+        k_bad = tl.zeros([BT], dtype=tl.int32)
+        for k0 in tl.static_range(0, BK, BKC):
+            q = _load_rows(q_base, pos, sq_t, sq_d, k0 + offs_c, t_ok, Dk)
+            k = _load_rows(k_base, pos, sk_t, sk_d, k0 + offs_c, t_ok, Dk)
+            q_sq += tl.sum(q * q, axis=1)
+            k_sq += tl.sum(k * k, axis=1)
+            k_bad += tl.sum(tl.where(tl.abs(k) < float("inf"), 0, 1), axis=1)
+        q_norm = tl.where(l2norm != 0, tl.sqrt_rn(q_sq + 1e-6), 1.0)
+        k_norm = tl.where(l2norm != 0, tl.sqrt_rn(k_sq + 1e-6), 1.0)
+        # Tokens whose k, beta or g is not finite (g = -inf is): computed as zeros, marked by a
+        # NaN decay for the state pass, which makes their columns NaN from there on.
+        k_bad = k_bad > 0
+        tok_bad = k_bad | ~(tl.abs(beta) < float("inf")) | ~(g < float("inf"))
+        beta = tl.where(tok_bad, 0.0, beta)
+        g = tl.where(tok_bad, 0.0, g)
+        g = tl.where(g < -1e30, -1e30, g)          # exp gives 0 all the same; sums of them stay finite
+
+        # seg[i, j] = sum_{j < t <= i} g_t: a scan down the columns of g_t [t > j], each segment
+        # summed on its own (not G_i - G_j, which keeps the rounding of |G|).
+        seg = tl.cumsum(tl.where(rows > cols, g[:, None], 0.0), axis=0)
+        G = tl.cumsum(g, axis=0)
+        decay = tl.where(causal, tl.exp(seg), 0.0)
+        to_end = tl.sum(tl.where(rows == BT - 1, seg, 0.0), axis=0)              # sum_{t > j} g_t
+
+        kk = tl.zeros([BT, BT], dtype=tl.float32)
+        qk = tl.zeros([BT, BT], dtype=tl.float32)
+        for k0 in tl.static_range(0, BK, BKC):
+            q = tl.math.div_rn(_load_rows(q_base, pos, sq_t, sq_d, k0 + offs_c, t_ok, Dk), q_norm[:, None])
+            k = tl.math.div_rn(_load_rows(k_base, pos, sk_t, sk_d, k0 + offs_c, t_ok, Dk), k_norm[:, None])
+            k = tl.where(k_bad[:, None], 0.0, k)
+            kk += tl.dot(k, tl.trans(k), input_precision=PRECISION)
+            qk += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        A = tl.where(cols < rows, beta[:, None] * kk * decay, 0.0)
+        # T = (I + A)^-1 by doubling: with X the inverse of I + A's diagonal blocks of b tokens
+        # and C the entries of A that join them into blocks of 2b (highest differing index bit b),
+        # (X^-1 + C)^-1 = X - X C X exactly, since C X C = 0. log2(BT) steps from X = I, in a
+        # runtime loop (it compiles once, not log2(BT) times).
+        Tm = tl.where(rows == cols, 1.0, 0.0)
+        blocks = rows ^ cols
+        for step in range(LOG2_BT):
+            C = tl.where((blocks >= (1 << step)) & (blocks < (2 << step)), A, 0.0)
+            Tm -= tl.dot(tl.dot(Tm, C, input_precision=PRECISION), Tm, input_precision=PRECISION)
+
+        e_g = tl.exp(G)
+        for k0 in tl.static_range(0, BK, BKC):
+            offs_k = k0 + offs_c
+            k = tl.math.div_rn(_load_rows(k_base, pos, sk_t, sk_d, offs_k, t_ok, Dk), k_norm[:, None])
+            k = tl.where(k_bad[:, None], 0.0, k)
+            W = tl.dot(Tm, k * (beta * e_g)[:, None], input_precision=PRECISION)
+            tl.store(w_ptr + (row * Hv + h)[:, None] * BK + offs_k[None, :], W,
+                     mask=t_ok[:, None] & (offs_k < Dk)[None, :])
+        tl.store(aqk_ptr + (row * Hv + h)[:, None] * BT + cols, qk * decay * scale, mask=t_ok[:, None])
+        tl.store(eg_ptr + row * Hv + h, tl.where(tok_bad, float("nan"), e_g), mask=t_ok)
+        # The state pass's row factors: o's q rows by scale exp(G) / |q|, k's by exp(to_end) / |k|.
+        tl.store(qf_ptr + row * Hv + h, tl.math.div_rn(scale * e_g, q_norm), mask=t_ok)
+        tl.store(kf_ptr + row * Hv + h, tl.math.div_rn(tl.exp(to_end), k_norm), mask=t_ok)
+        for v0 in range(0, Dv, BV):
+            offs_v = v0 + tl.arange(0, BV)
+            tv_mask = t_ok[:, None] & (offs_v < Dv)[None, :]
+            v = tl.load(v_ptr + b * sv_b + h * sv_h + pos[:, None] * sv_t + offs_v[None, :] * sv_d, mask=tv_mask,
+                        other=0.0).to(tl.float32)
+            v = tl.where(tl.abs(v) < float("inf"), v, 0.0)    # the state pass finds them in v again
+            U = tl.dot(Tm, v * beta[:, None], input_precision=PRECISION)
+            tl.store(u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :], U, mask=tv_mask)
+
+
+def _gdn_state_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, kf_ptr, h0_ptr, o_ptr, ht_ptr, cu_ptr,
+                      T, Hv, GROUP, Dk, Dv, su,
+                      sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                      s0_n, s0_h, s0_k, s0_v, so_b, so_t, so_h, sf_n, sf_h, sf_k, varlen, has_h0, store_ht,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    """The chunks of one (sequence, V head, block of BV value columns) in order: the state
+    [Dk, BV] stays in fp32 registers; per chunk V' = U - W S, o, then S moves past the chunk."""
+    pid = tl.program_id(0)
+    n = (pid // Hv).to(tl.int64)
+    h = (pid % Hv).to(tl.int64)
+    hk = h // GROUP
+    if varlen:
+        bos = tl.load(cu_ptr + n).to(tl.int64)
+        seq_len = (tl.load(cu_ptr + n + 1).to(tl.int64) - bos).to(tl.int32)
+        b = n * 0
+    else:
+        bos = n * 0
+        seq_len = T
+        b = n
+    offs_t = tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    k_ok = offs_k < Dk
+    v_ok = offs_v < Dv
+    rows = offs_t[:, None]
+
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if has_h0:
+        S = tl.load(h0_ptr + n * s0_n + h * s0_h + offs_k[:, None] * s0_k + offs_v[None, :] * s0_v,
+                    mask=k_ok[:, None] & v_ok[None, :], other=0.0)
+    for t0 in range(0, seq_len, BT):
+        pos = bos + t0 + offs_t
+        row = b * T + pos
+        t_ok = t0 + offs_t < seq_len
+        qk_mask = t_ok[:, None] & k_ok[None, :]
+        tv_mask = t_ok[:, None] & v_ok[None, :]
+        q = _load_rows(q_ptr + b * sq_b + hk * sq_h, pos, sq_t, sq_d, offs_k, t_ok, Dk)
+        k = _load_rows(k_ptr + b * sk_b + hk * sk_h, pos, sk_t, sk_d, offs_k, t_ok, Dk)
+        v = tl.load(v_ptr + b * sv_b + h * sv_h + pos[:, None] * sv_t + offs_v[None, :] * sv_d, mask=tv_mask,
+                    other=0.0)
+        k = tl.where(tl.abs(k) < float("inf"), k, 0.0)
+        w = tl.load(w_ptr + (row * Hv + h)[:, None] * BK + offs_k[None, :], mask=qk_mask, other=0.0)
+        u = tl.load(u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :], mask=tv_mask, other=0.0)
+        aqk = tl.load(aqk_ptr + (row * Hv + h)[:, None] * BT + offs_t[None, :], mask=t_ok[:, None], other=0.0)
+        e_g = tl.load(eg_ptr + row * Hv + h, mask=t_ok, other=0.0)
+        q_f = tl.load(qf_ptr + row * Hv + h, mask=t_ok, other=0.0)
+        k_f = tl.load(kf_ptr + row * Hv + h, mask=t_ok, other=0.0)
+        # The first token of each column whose k, g or beta (a NaN decay), or whose v, is not finite.
+        tok_bad = e_g != e_g
+        first_bad = tl.min(tl.where(tok_bad[:, None] | ~(tl.abs(v) < float("inf")), rows, BT), axis=0)   # [BV]
+        e_g = tl.where(tok_bad, 0.0, e_g)
+        last = tl.minimum(seq_len - t0, BT) - 1
+        e_chunk = tl.sum(tl.where(offs_t == last, e_g, 0.0), axis=0)       # exp(the chunk's summed g)
+
+        v_new = u - tl.dot(w, S, input_precision=PRECISION)
+        o = tl.dot(q * q_f[:, None], S, input_precision=PRECISION)
+        o += tl.dot(aqk, v_new, input_precision=PRECISION)
+        o = tl.where(rows >= first_bad[None, :], float("nan"), o)
+        tl.store(o_ptr + b * so_b + h * so_h + pos[:, None] * so_t + offs_v[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=tv_mask)
+        S = S * e_chunk
+        S += tl.dot(tl.trans(k * k_f[:, None]), v_new, input_precision=PRECISION)
+        S = tl.where(first_bad[None, :] < BT, float("nan"), S)
+
+    if store_ht:
+        tl.store(ht_ptr + n * sf_n + h * sf_h + offs_k[:, None] * sf_k + offs_v[None, :], S,
+                 mask=k_ok[:, None] & v_ok[None, :])
+
+
+_GDN_PREPARE = _jit_twice(_gdn_prepare_kernel)
+_GDN_STATE = _jit_twice(_gdn_state_kernel)
+
+
+# The decode step specialises on the state tile (its strides, address and dims: its traffic).
+@triton.jit(do_not_specialize=["Hv", "GROUP", "sq_b", "sq_h", "sk_b", "sk_h", "sv_b", "sv_h", "sg_b",
+                               "sg_h", "sb_b", "sb_h", "so_b", "so_h", "l2norm"],
+            do_not_specialize_on_alignment=["q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "o_ptr"])
+def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, Hv, GROUP, Dk, Dv, scale,
+                       sq_b, sq_h, sq_d, sk_b, sk_h, sk_d, sv_b, sv_h, sv_d, sg_b, sg_h, sb_b, sb_h,
+                       ss_b, ss_h, ss_k, ss_v, so_b, so_h, l2norm,
+                       BK: tl.constexpr, BV: tl.constexpr):
+    """One token: the recurrence as written, on a [Dk, BV] slice of the state, in place."""
+    pid = tl.program_id(0)
+    b = (pid // Hv).to(tl.int64)
+    h = (pid % Hv).to(tl.int64)
+    hk = h // GROUP
+    offs_k = tl.arange(0, BK)
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    k_ok = offs_k < Dk
+    v_ok = offs_v < Dv
+    q = tl.load(q_ptr + b * sq_b + hk * sq_h + offs_k * sq_d, mask=k_ok, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + b * sk_b + hk * sk_h + offs_k * sk_d, mask=k_ok, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_d, mask=v_ok, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + b * sg_b + h * sg_h).to(tl.float32)
+    beta = tl.load(beta_ptr + b * sb_b + h * sb_h).to(tl.float32)
+    if l2norm:
+        q = tl.math.div_rn(q, tl.sqrt_rn(tl.sum(q * q, axis=0) + 1e-6))
+        k = tl.math.div_rn(k, tl.sqrt_rn(tl.sum(k * k, axis=0) + 1e-6))
+    s_ptrs = s_ptr + b * ss_b + h * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v
+    s_mask = k_ok[:, None] & v_ok[None, :]
+    S = tl.load(s_ptrs, mask=s_mask, other=0.0) * tl.exp(g)
+    u = beta * (v - tl.sum(S * k[:, None], axis=0))
+    S += k[:, None] * u[None, :]
+    o = tl.sum(S * (scale * q)[:, None], axis=0)
+    tl.store(s_ptrs, S, mask=s_mask)
+    tl.store(o_ptr + b * so_b + h * so_h + offs_v, o.to(o_ptr.dtype.element_ty), mask=v_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+
+def _check_flag(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+
+
+def _check_gate(name, t, dtype, shape):
+    """g and beta: the dtype of q/k/v or fp32, shaped like `shape`."""
+    check_tensor(name, t, dtypes=None, ndim=len(shape))
+    if t.dtype not in (dtype, torch.float32):
+        want = "float32" + ("" if dtype == torch.float32 else f" or {str(dtype).replace('torch.', '')} (that of v)")
+        raise TypeError(f"{name}: expected dtype {want}, got {str(t.dtype).replace('torch.', '')}")
+    check_shape(name, t, shape)
+
+
+def _heads(Hk, Hv):
+    if Hk < 1:
+        raise ValueError(f"q: expected at least one head, got {Hk}")
+    if Hv % Hk:
+        raise ValueError(f"v: expected a number of V heads that is a multiple of the {Hk} q/k heads, got {Hv}")
+
+
+def _dims(Dk, Dv):
+    if not 1 <= Dk <= MAX_HEAD_DIM_K:
+        raise ValueError(f"q: expected a head dim in [1, {MAX_HEAD_DIM_K}], got {Dk}")
+    if Dv < 1:
+        raise ValueError(f"v: expected a head dim >= 1, got {Dv}")
+
+
+def _scale(scale, Dk):
+    return Dk ** -0.5 if scale is None else check_finite("scale", scale, positive=True)
+
+
+def _power_of_two(name, value, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi or value & (value - 1):
+        raise ValueError(f"{name}: expected a power of two in [{lo}, {hi}], got {value!r}")
+
+
+def _block_v(n_programs, Dk, Dv, block_v):
+    """BV value columns a program: up to 64 (32 at Dk past 128: the state slice and the split
+    TF32 operands must fit a block's shared memory), narrowed to 32 on a GPU while the grid would
+    not cover its SMs twice (B * Hv small); given, any power of two in [16, 128]."""
+    if block_v is not None:
+        _power_of_two("block_v", block_v, 16, 128)
+        return block_v
+    bv = min(64 if Dk <= 128 else 32, max(16, triton.next_power_of_2(Dv)))
+    while not interpreting() and bv > 32 and n_programs * triton.cdiv(Dv, bv) < 2 * _SMS:
+        bv //= 2
+    return bv
+
+
+def _state_warps(bk, bv):
+    """Warps of a state-pass program: 8 for the larger slices, never at 16 value columns. Triton
+    3.6 miscompiles that layout: compute-sanitizer finds an out-of-range shared address at o's
+    store (H200, Dk 128, BV 16, 8 warps; bench/repro_gdn_state_8warps.py)."""
+    warps = _LAUNCH["state_warps"] or (4 if bk * bv <= 64 * 64 else 8)
+    return 4 if bv < 32 else warps
+
+
+def _check_cu(cu, B, T, device):
+    check_tensor("cu_seqlens", cu, dtypes=_INT_DTYPES, ndim=1)
+    if cu.device != device:
+        raise ValueError(f"cu_seqlens: expected device {device}, got {cu.device}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens: expected q, k, v, g and beta of batch 1 (the sequences packed along T), "
+                         f"got batch {B}")
+    host = cu.detach().cpu()
+    if host.numel() < 1 or int(host[0]) != 0 or int(host[-1]) != T or bool((host[1:] < host[:-1]).any()):
+        raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {T}, got {host.tolist()}")
+    lengths = host[1:] - host[:-1]
+    return host.numel() - 1, int(lengths.max()) if lengths.numel() else 0
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     scale: float | None = None, initial_state: torch.Tensor | None = None,
+                     output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
+                     use_qk_l2norm: bool = False, *, out: torch.Tensor | None = None,
+                     final_state_out: torch.Tensor | None = None, chunk_size: int = 64,
+                     block_v: int | None = None):
+    """Gated DeltaNet over whole sequences (prefill), chunked; returns (o, final_state or None).
+
+    q, k [B, T, Hk, Dk], v [B, T, Hv, Dv] (fp32, fp16 or bf16, one dtype, any strides), g (log
+    decay) and beta [B, T, Hv] in that dtype or fp32; V head h reads q/k head h // (Hv / Hk).
+    scale = Dk^-0.5 unless given. initial_state: fp32 [N, Hv, Dk, Dv], only read (zeros if None).
+    cu_seqlens [N + 1] (int32/int64): B = 1 and N sequences packed along T, each from its own
+    state; empty ones allowed (their final state is their initial state). use_qk_l2norm: q and
+    k first become x / sqrt(sum x^2 + 1e-6). o is [B, T, Hv, Dv] in v's dtype (into `out` if
+    given), the final state fp32 [N, Hv, Dk, Dv] (into `final_state_out` if given).
+    chunk_size: tokens per chunk (16, 32 or 64); block_v: value columns per program.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=4)
+    check_same_dtype(q=q, k=k, v=v)
+    if tuple(k.shape) != tuple(q.shape):
+        raise ValueError(f"k: expected the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
+    B, T, Hk, Dk = q.shape
+    if tuple(v.shape[:2]) != (B, T):
+        raise ValueError(f"v: expected batch and length ({B}, {T}) like q, got {tuple(v.shape[:2])}")
+    Hv, Dv = v.shape[2], v.shape[3]
+    _check_gate("g", g, v.dtype, (B, T, Hv))
+    _check_gate("beta", beta, v.dtype, (B, T, Hv))
+    check_same_device(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens, out=out,
+                      final_state_out=final_state_out)
+    _heads(Hk, Hv)
+    _dims(Dk, Dv)
+    scale = _scale(scale, Dk)
+    _check_flag("output_final_state", output_final_state)
+    _check_flag("use_qk_l2norm", use_qk_l2norm)
+    _power_of_two("chunk_size", chunk_size, 16, 64)
+    N, longest = (B, T) if cu_seqlens is None else _check_cu(cu_seqlens, B, T, q.device)
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, dtypes=(torch.float32,), ndim=4)
+        check_shape("initial_state", initial_state, (N, Hv, Dk, Dv))
+    o = new_out(out, (B, T, Hv, Dv), v.dtype, v.device)
+    final = None
+    if output_final_state:
+        final = new_out(final_state_out, (N, Hv, Dk, Dv), torch.float32, v.device, "final_state_out")
+    elif final_state_out is not None:
+        raise ValueError("final_state_out: given, but output_final_state is False")
+    if N * Hv == 0 or (T == 0 and final is None):
+        return o, final
+
+    bk = max(16, triton.next_power_of_2(Dk))
+    bv = _block_v(N * Hv, Dk, Dv, block_v)
+    precision = "ieee" if interpreting() else GPU_PRECISION
+    varlen = cu_seqlens is not None
+    chunks = triton.cdiv(longest, chunk_size)
+    variant = 0 if _qkv_aligned(q, k, v, o) else 1     # aligned or generic (_jit_twice)
+    rows = B * T
+    su = triton.cdiv(Dv, 16) * 16          # U's row stride (W's is BK): a multiple of 16 whatever Dv
+    w = allocate((rows, Hv, bk), torch.float32, v.device, name="w")
+    u = allocate((rows, Hv, su), torch.float32, v.device, name="u")
+    aqk = allocate((rows, Hv, chunk_size), torch.float32, v.device, name="aqk")
+    e_g, q_f, k_f = (allocate((rows, Hv), torch.float32, v.device, name=name) for name in ("e_g", "q_f", "k_f"))
+    # Absent tensors are fp32 / int32 stand-ins with contiguous strides, never read or written (the
+    # flags say so), so that calls with and without them share a compiled variant.
+    cu = cu_seqlens.to(torch.int32) if varlen else e_g.view(torch.int32)
+    contiguous_state = (Hv * Dk * Dv, Dk * Dv, Dv, 1)
+    h0 = initial_state if initial_state is not None else e_g
+    s0 = initial_state.stride() if initial_state is not None else contiguous_state
+    ht = final if final is not None else e_g
+    sf = final.stride()[:3] if final is not None else contiguous_state[:3]
+    if chunks:
+        _GDN_PREPARE[variant][(chunks, N * Hv)](
+            q, k, v, g, beta, cu, w, u, aqk, e_g, q_f, k_f, T, Hv, Hv // Hk, Dk, Dv, su, scale,
+            *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), int(varlen), int(use_qk_l2norm),
+            BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, 128),
+            BV=min(64, max(16, triton.next_power_of_2(Dv))), PRECISION=precision,
+            num_warps=_LAUNCH["prepare_warps"] or 4)
+    _GDN_STATE[variant][(N * Hv, triton.cdiv(Dv, bv))](
+        q, k, v, w, u, aqk, e_g, q_f, k_f, h0, o, ht, cu, T, Hv, Hv // Hk, Dk, Dv, su,
+        *q.stride(), *k.stride(), *v.stride(), *s0, *o.stride()[:3], *sf,
+        int(varlen), int(initial_state is not None), int(final is not None),
+        BT=chunk_size, BK=bk, BV=bv, PRECISION=precision,
+        num_warps=_state_warps(bk, bv), num_stages=_LAUNCH["state_stages"])
+    return o, final
+
+
+def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                            state: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False, *,
+                            out: torch.Tensor | None = None, block_v: int | None = None) -> torch.Tensor:
+    """One token per sequence: q, k [B, Hk, Dk], v [B, Hv, Dv], g, beta [B, Hv]; state fp32
+    [B, Hv, Dk, Dv], updated in place (S = exp(g) S; u = beta (v - S^T k); S += k u^T).
+    Returns o = S^T (scale q), [B, Hv, Dv] in v's dtype."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=3)
+    check_same_dtype(q=q, k=k, v=v)
+    if tuple(k.shape) != tuple(q.shape):
+        raise ValueError(f"k: expected the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
+    B, Hk, Dk = q.shape
+    if v.shape[0] != B:
+        raise ValueError(f"v: expected batch {B} like q, got {v.shape[0]}")
+    Hv, Dv = v.shape[1], v.shape[2]
+    _check_gate("g", g, v.dtype, (B, Hv))
+    _check_gate("beta", beta, v.dtype, (B, Hv))
+    check_tensor("state", state, dtypes=(torch.float32,), ndim=4)
+    check_shape("state", state, (B, Hv, Dk, Dv))
+    if any(st == 0 and n > 1 for n, st in zip(state.shape, state.stride())):
+        raise ValueError(f"state: expected a tensor whose elements do not overlap (it is updated in place), "
+                         f"got strides {state.stride()}")
+    check_same_device(q=q, k=k, v=v, g=g, beta=beta, state=state, out=out)
+    _heads(Hk, Hv)
+    _dims(Dk, Dv)
+    scale = _scale(scale, Dk)
+    _check_flag("use_qk_l2norm", use_qk_l2norm)
+    o = new_out(out, (B, Hv, Dv), v.dtype, v.device)
+    if B * Hv == 0:
+        return o
+    bk = max(16, triton.next_power_of_2(Dk))
+    bv = _block_v(B * Hv, Dk, Dv, block_v)
+    _gdn_decode_kernel[(B * Hv, triton.cdiv(Dv, bv))](
+        q, k, v, g, beta, state, o, Hv, Hv // Hk, Dk, Dv, scale,
+        *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), *state.stride(), *o.stride()[:2],
+        int(use_qk_l2norm), BK=bk, BV=bv, num_warps=4)
+    return o
