@@ -57,6 +57,23 @@ def _load_rows(base, pos, s_t, s_d, offs_d, t_ok, D):
     return tl.load(base + pos[:, None] * s_t + offs_d[None, :] * s_d, mask=mask, other=0.0).to(tl.float32)
 
 
+@triton.jit
+def _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen):
+    """A (sequence x V head) program's (n, h, its q/k head, batch row, first token, length), all
+    int64 but the length: sequence n of cu_seqlens in row 0 when varlen, else batch row n."""
+    n = (pid // Hv).to(tl.int64)
+    h = (pid % Hv).to(tl.int64)
+    if varlen:
+        bos = tl.load(cu_ptr + n).to(tl.int64)
+        seq_len = (tl.load(cu_ptr + n + 1).to(tl.int64) - bos).to(tl.int32)
+        b = n * 0
+    else:
+        bos = n * 0
+        seq_len = T
+        b = n
+    return n, h, h // GROUP, b, bos, seq_len
+
+
 # Compiled variants. A GPU compile of the chunk kernels takes seconds (tf32x3 dot chains), and
 # every distinct specialisation (a stride of 1 or a multiple of 16, a 16-byte aligned pointer) is
 # one more, so each is jitted twice (_jit_twice): an aligned variant, taken when q, k, v and o
@@ -102,17 +119,7 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
     [BT, 256] fp32 tile split for tf32x3 would not fit shared memory)."""
     c = tl.program_id(0)                  # chunk within the sequence
     pid = tl.program_id(1)
-    n = (pid // Hv).to(tl.int64)
-    h = (pid % Hv).to(tl.int64)
-    hk = h // GROUP
-    if varlen:
-        bos = tl.load(cu_ptr + n).to(tl.int64)
-        seq_len = (tl.load(cu_ptr + n + 1).to(tl.int64) - bos).to(tl.int32)
-        b = n * 0
-    else:
-        bos = n * 0
-        seq_len = T
-        b = n
+    n, h, hk, b, bos, seq_len = _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen)
     t0 = c * BT
     if t0 < seq_len:
         offs_t = tl.arange(0, BT)
@@ -204,17 +211,7 @@ def _gdn_state_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr
     """The chunks of one (sequence, V head, block of BV value columns) in order: the state
     [Dk, BV] stays in fp32 registers; per chunk V' = U - W S, o, then S moves past the chunk."""
     pid = tl.program_id(0)
-    n = (pid // Hv).to(tl.int64)
-    h = (pid % Hv).to(tl.int64)
-    hk = h // GROUP
-    if varlen:
-        bos = tl.load(cu_ptr + n).to(tl.int64)
-        seq_len = (tl.load(cu_ptr + n + 1).to(tl.int64) - bos).to(tl.int32)
-        b = n * 0
-    else:
-        bos = n * 0
-        seq_len = T
-        b = n
+    n, h, hk, b, bos, seq_len = _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen)
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
