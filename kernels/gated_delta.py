@@ -1,26 +1,30 @@
-"""The gated delta rule (Gated DeltaNet): a chunked prefill kernel and the one-token decode step.
+"""The gated delta rule (Gated DeltaNet): a chunked prefill and the one-token decode step.
 
 Per sequence and V head, a state S [Dk, Dv] evolves token by token: S = exp(g) S;
 u = beta (v - S^T k); S = S + k u^T; o = S^T (scale q). V head h reads q/k head h // (Hv / Hk).
-Every column of S evolves on its own, so a state-pass program takes one (sequence, V head,
-block of BV value columns) and keeps its [Dk, BV] slice of the state in fp32 registers from
-start to end; what does not need the state (A, T, W, U, the scores, the decays) is computed for
-all chunks in parallel first (_gdn_prepare_kernel) into fp32 workspaces.
 
-The prefill kernel walks its sequence in chunks of BT tokens (the WY/UT form). Within a chunk,
+The prefill walks each sequence in chunks of BT tokens (the WY/UT form). Within a chunk,
 with seg[i, j] = sum_{j < t <= i} g_t and G_i = sum_{t <= i} g_t:
     A = strictly_lower(beta_i k_i.k_j exp(seg[i, j])),  T = (I + A)^-1 (by block doubling),
     W = T diag(beta exp(G)) K,  U = T diag(beta) V,  V' = U - W S0  (the u of each token),
     O = scale (diag(exp(G)) Q S0 + (Q K^T o exp(seg) o causal) V'),
     S = exp(G_last) S0 + K^T diag(exp(seg[last, :])) V'.
-Everything is fp32: inputs are widened as they are loaded, every tl.dot takes fp32 operands
-(tf32x3 on a GPU, GPU_PRECISION; NumPy's fp32 on the interpreter), and only o is rounded to the
-input dtype. seg is a scan of g within its segment, not a difference of cumulative sums:
-G_i - G_j keeps the rounding of every partial sum at |G| (a chunk of g = -1e4 then 63 times
--0.013 moves the later weights exp(G_i - G_j) by up to 2%), where a segment's own sum of
-same-signed terms keeps its relative accuracy. With use_qk_l2norm, Q and K are the normalised
-rows: the prepare kernel finds the norms in a first pass over Dk (in blocks of up to 128
-columns) and hands the state pass each row's factor (scale exp(G) / |q|, exp(seg[last]) / |k|).
+Three kernels: _gdn_prepare_kernel (every chunk in parallel: A, T, W, U, the masked scores, the
+decays and row factors, into fp32 workspaces); _gdn_state_kernel (one program a sequence, V head
+and block of BV value columns, whose state slice [Dk, BV] stays in fp32 registers while it walks
+the chunks in order: it keeps each chunk's first state S0, replaces U by V', and moves S on; the
+only products left in that chain are the two the next state needs); _gdn_output_kernel (every
+chunk in parallel again: O from S0 and V').
+
+Everything is fp32: only o is rounded to the input dtype. The products (_dot) are tf32x3 on a
+GPU (GPU_PRECISION; NumPy's fp32 on the interpreter), except where an operand is a 16-bit input,
+which TF32 holds exactly: the other operand is split in two TF32 halves (two products, the same
+accuracy as tf32x3's three), and K K^T, Q K^T of 16-bit inputs are 16-bit products with fp32
+sums (exact products). The L2 norms and decays are row or column factors applied outside those
+products, so that q, k and v enter them as they are. seg is a scan of g within its segment, not a
+difference of cumulative sums: G_i - G_j keeps the rounding of every partial sum at |G| (a chunk
+of g = -1e4 then 63 times -0.013 moves the later weights exp(G_i - G_j) by up to 2%), where a
+segment's own sum of same-signed terms keeps its relative accuracy.
 
 Non-finite inputs: g = -inf is valid (clamped to -1e30, whose exp is 0 in fp32 as in float64).
 A NaN (or infinity) in k, v or beta, or a NaN in g, must reach only its own and later tokens,
@@ -43,18 +47,56 @@ MAX_HEAD_DIM_K = 256        # the state slice [Dk, BV] lives in registers
 _INT_DTYPES = (torch.int32, torch.int64)
 _SMS = 132                  # an H100/H200: the grid is narrowed in V until it covers them twice
 # The fp32 dots on a GPU: three TF32 tensor-core products (a = hi + lo; hi hi + hi lo + lo hi),
-# about 2^-21 relative per product where fp32 is 2^-24; "ieee" dots (FMA loops) took minutes to
-# compile at these tile sizes. The interpreter's dots are NumPy's fp32 matmul.
+# about 2^-21 relative per product where fp32 is 2^-24 (two where an operand is a 16-bit input:
+# _dot); "ieee" dots (FMA loops) took minutes to compile at these tile sizes. The interpreter's
+# dots are NumPy's fp32 matmul.
 GPU_PRECISION = "tf32x3"
 # Launch settings by tile size (bench/NOTES.md); None: the defaults below.
-_LAUNCH = dict(prepare_warps=None, state_warps=None, state_stages=1)
+_LAUNCH = dict(prepare_warps=None, state_warps=None, state_stages=1, output_warps=None)
+
+
+@triton.jit
+def _round_tf32(x):
+    """x rounded to TF32's 10 fraction bits, to nearest (ties away from zero): a TF32 product
+    would truncate them, an error of one sign that would grow along a sum."""
+    return ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tf32_split(x):
+    """x ~ hi + lo, both TF32: hi = x rounded, lo = the exact rest rounded (|lo| <= 2^-11 |x|, so
+    the pair is x to within about 2^-22 |x|, as tf32x3's split)."""
+    hi = _round_tf32(x)
+    return hi, _round_tf32(x - hi)
+
+
+@triton.jit
+def _dot(a, b, EXACT: tl.constexpr, PRECISION: tl.constexpr):
+    """a @ b to fp32 in the chunk kernels. EXACT says which operands are 16-bit inputs, which TF32
+    (and a 16-bit product) holds exactly: 0 neither, 1 a, 2 b, 3 both. On a GPU, both: one
+    16-bit product (exact products, fp32 sums); one: the other operand split into TF32 hi + lo,
+    two TF32 products (about 2^-21 relative, as the three of tf32x3); neither: tl.dot at
+    PRECISION. The interpreter (PRECISION "ieee") multiplies in fp32 whatever EXACT says."""
+    if PRECISION == "ieee" or EXACT == 0:
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
+    elif EXACT == 3:
+        r = tl.dot(a, b, out_dtype=tl.float32)
+    elif EXACT == 1:
+        a = a.to(tl.float32)
+        hi, lo = _tf32_split(b)
+        r = tl.dot(a, hi, acc=tl.dot(a, lo, input_precision="tf32"), input_precision="tf32")
+    else:
+        b = b.to(tl.float32)
+        hi, lo = _tf32_split(a)
+        r = tl.dot(hi, b, acc=tl.dot(lo, b, input_precision="tf32"), input_precision="tf32")
+    return r
 
 
 @triton.jit
 def _load_rows(base, pos, s_t, s_d, offs_d, t_ok, D):
-    """A [rows, len(offs_d)] tile of token rows `pos` (masked by t_ok and offs_d < D), widened to fp32."""
+    """A [rows, len(offs_d)] tile of token rows `pos` (masked by t_ok and offs_d < D), in the input dtype."""
     mask = t_ok[:, None] & (offs_d < D)[None, :]
-    return tl.load(base + pos[:, None] * s_t + offs_d[None, :] * s_d, mask=mask, other=0.0).to(tl.float32)
+    return tl.load(base + pos[:, None] * s_t + offs_d[None, :] * s_d, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -74,6 +116,52 @@ def _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen):
     return n, h, h // GROUP, b, bos, seq_len
 
 
+@triton.jit
+def _first_chunk(n, co_ptr, chunks, varlen):
+    """Sequence n's first chunk in the per-chunk states (int64): from the chunk offsets when
+    varlen, else n times the chunks of a row."""
+    if varlen:
+        c0 = tl.load(co_ptr + n).to(tl.int64)
+    else:
+        c0 = n * chunks
+    return c0
+
+
+@triton.jit
+def _first_nonfinite(e_g, v, rows, BT: tl.constexpr):
+    """Each value column's first row (BT if none) whose token is bad (a NaN decay: its k, g or
+    beta was not finite) or whose v is not finite."""
+    bad = (e_g != e_g)[:, None] | ~(tl.abs(v.to(tl.float32)) < float("inf"))
+    return tl.min(tl.where(bad, rows, BT), axis=0)
+
+
+@triton.jit
+def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + A)^-1 for a strictly lower triangular A [BT, BT], by doubling: with X the inverse of
+    I + A's diagonal blocks of b rows and C the entries of A that join them into blocks of 2b
+    (highest differing index bit b), (X^-1 + C)^-1 = X - X C X exactly, since C X C = 0. Blocks
+    up to 16 rows grow inside the BT / 16 diagonal blocks of 16 (batched 16 x 16 products,
+    (16 / BT)^2 of the work of whole-tile ones), the larger ones on the whole tile."""
+    NB: tl.constexpr = BT // 16
+    r16 = tl.arange(0, 16)
+    x16 = r16[:, None] ^ r16[None, :]
+    nb = tl.arange(0, NB)
+    same_block = (nb[:, None] == nb[None, :])[:, :, None, None]                    # [NB, NB, 1, 1]
+    blocks = tl.permute(tl.reshape(A, (NB, 16, NB, 16)), (0, 2, 1, 3))            # [I, J, r, c]
+    D = tl.sum(tl.where(same_block, blocks, 0.0), axis=1)                          # A's diagonal blocks
+    X = tl.where(x16 == 0, 1.0, 0.0)[None, :, :] + tl.zeros([NB, 16, 16], dtype=tl.float32)
+    for step in range(4):
+        C = tl.where((x16 >= (1 << step)) & (x16 < (2 << step)), D, 0.0)
+        X -= tl.dot(tl.dot(X, C, input_precision=PRECISION), X, input_precision=PRECISION)
+    Tm = tl.reshape(tl.permute(tl.where(same_block, X[:, None, :, :], 0.0), (0, 2, 1, 3)), (BT, BT))
+    rows = tl.arange(0, BT)[:, None]
+    cols = tl.arange(0, BT)[None, :]
+    for step in range(4, LOG2_BT):
+        C = tl.where(((rows ^ cols) >= (1 << step)) & ((rows ^ cols) < (2 << step)), A, 0.0)
+        Tm -= tl.dot(tl.dot(Tm, C, input_precision=PRECISION), Tm, input_precision=PRECISION)
+    return Tm
+
+
 # Compiled variants. A GPU compile of the chunk kernels takes seconds (tf32x3 dot chains), and
 # every distinct specialisation (a stride of 1 or a multiple of 16, a 16-byte aligned pointer) is
 # one more, so each is jitted twice (_jit_twice): an aligned variant, taken when q, k, v and o
@@ -85,7 +173,7 @@ def _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen):
 # in both, which costs no variant.
 _QKV_SPECIALISED = ("q_ptr", "k_ptr", "v_ptr", "sq_t", "sq_h", "sq_d", "sk_t", "sk_h", "sk_d", "sv_t", "sv_h", "sv_d",
                     "Dk", "Dv", "o_ptr", "so_b", "so_t", "so_h")
-_WORKSPACES = ("w_ptr", "u_ptr", "aqk_ptr", "eg_ptr", "qf_ptr", "kf_ptr", "su")
+_WORKSPACES = ("w_ptr", "u_ptr", "aqk_ptr", "eg_ptr", "qf_ptr", "kf_ptr", "hc_ptr", "su")
 
 
 def _jit_twice(fn):
@@ -111,12 +199,13 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
                         T, Hv, GROUP, Dk, Dv, su, scale,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         sg_b, sg_t, sg_h, sb_b, sb_t, sb_h, varlen, l2norm,
-                        BT: tl.constexpr, LOG2_BT: tl.constexpr,
-                        BK: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+                        BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr,
+                        BV: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr):
     """One chunk of one (sequence, V head), independent of the state: W, U, Aqk, the decays and
     the row factors of q and k (the module docstring), into fp32 workspaces indexed by token
     (row = b T + position; W's rows BK wide, U's su). Dk is taken in blocks of BKC columns (a
-    [BT, 256] fp32 tile split for tf32x3 would not fit shared memory)."""
+    [BT, 256] fp32 tile split for tf32x3 would not fit shared memory). EXACT: q, k and v are
+    16-bit (_dot); the L2 norms stay row factors, so the products read the inputs as they are."""
     c = tl.program_id(0)                  # chunk within the sequence
     pid = tl.program_id(1)
     n, h, hk, b, bos, seq_len = _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen)
@@ -134,21 +223,29 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
         k_base = k_ptr + b * sk_b + hk * sk_h
         g = tl.load(g_ptr + b * sg_b + h * sg_h + pos * sg_t, mask=t_ok, other=0.0).to(tl.float32)
         beta = tl.load(beta_ptr + b * sb_b + h * sb_h + pos * sb_t, mask=t_ok, other=0.0).to(tl.float32)
-        # Each row's |q|^2, |k|^2, and whether its k is finite, over the blocks of Dk.
+        # Each row's |q|^2, |k|^2, and whether its k is finite, over the blocks of Dk; and the raw
+        # products k_i.k_j, q_i.k_j (rows of non-finite k count as zeros).
         q_sq = tl.zeros([BT], dtype=tl.float32)
         k_sq = tl.zeros([BT], dtype=tl.float32)
         k_bad = tl.zeros([BT], dtype=tl.int32)
         for k0 in tl.static_range(0, BK, BKC):
+            k = _load_rows(k_base, pos, sk_t, sk_d, k0 + offs_c, t_ok, Dk).to(tl.float32)
+            k_bad += tl.sum(tl.where(tl.abs(k) < float("inf"), 0, 1), axis=1)
+        k_bad = k_bad > 0
+        kk = tl.zeros([BT, BT], dtype=tl.float32)
+        qk = tl.zeros([BT, BT], dtype=tl.float32)
+        for k0 in tl.static_range(0, BK, BKC):
             q = _load_rows(q_base, pos, sq_t, sq_d, k0 + offs_c, t_ok, Dk)
             k = _load_rows(k_base, pos, sk_t, sk_d, k0 + offs_c, t_ok, Dk)
-            q_sq += tl.sum(q * q, axis=1)
-            k_sq += tl.sum(k * k, axis=1)
-            k_bad += tl.sum(tl.where(tl.abs(k) < float("inf"), 0, 1), axis=1)
+            k = tl.where(k_bad[:, None], 0.0, k)
+            q_sq += tl.sum(q.to(tl.float32) * q.to(tl.float32), axis=1)
+            k_sq += tl.sum(k.to(tl.float32) * k.to(tl.float32), axis=1)
+            kk += _dot(k, tl.trans(k), 3 if EXACT else 0, PRECISION)
+            qk += _dot(q, tl.trans(k), 3 if EXACT else 0, PRECISION)
         q_norm = tl.where(l2norm != 0, tl.sqrt_rn(q_sq + 1e-6), 1.0)
         k_norm = tl.where(l2norm != 0, tl.sqrt_rn(k_sq + 1e-6), 1.0)
         # Tokens whose k, beta or g is not finite (g = -inf is): computed as zeros, marked by a
         # NaN decay for the state pass, which makes their columns NaN from there on.
-        k_bad = k_bad > 0
         tok_bad = k_bad | ~(tl.abs(beta) < float("inf")) | ~(g < float("inf"))
         beta = tl.where(tok_bad, 0.0, beta)
         g = tl.where(tok_bad, 0.0, g)
@@ -160,110 +257,206 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
         G = tl.cumsum(g, axis=0)
         decay = tl.where(causal, tl.exp(seg), 0.0)
         to_end = tl.sum(tl.where(rows == BT - 1, seg, 0.0), axis=0)              # sum_{t > j} g_t
-
-        kk = tl.zeros([BT, BT], dtype=tl.float32)
-        qk = tl.zeros([BT, BT], dtype=tl.float32)
-        for k0 in tl.static_range(0, BK, BKC):
-            q = tl.math.div_rn(_load_rows(q_base, pos, sq_t, sq_d, k0 + offs_c, t_ok, Dk), q_norm[:, None])
-            k = tl.math.div_rn(_load_rows(k_base, pos, sk_t, sk_d, k0 + offs_c, t_ok, Dk), k_norm[:, None])
-            k = tl.where(k_bad[:, None], 0.0, k)
-            kk += tl.dot(k, tl.trans(k), input_precision=PRECISION)
-            qk += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        kk = tl.math.div_rn(tl.math.div_rn(kk, k_norm[:, None]), k_norm[None, :])
         A = tl.where(cols < rows, beta[:, None] * kk * decay, 0.0)
-        # T = (I + A)^-1 by doubling: with X the inverse of I + A's diagonal blocks of b tokens
-        # and C the entries of A that join them into blocks of 2b (highest differing index bit b),
-        # (X^-1 + C)^-1 = X - X C X exactly, since C X C = 0. log2(BT) steps from X = I, in a
-        # runtime loop (it compiles once, not log2(BT) times).
-        Tm = tl.where(rows == cols, 1.0, 0.0)
-        blocks = rows ^ cols
-        for step in range(LOG2_BT):
-            C = tl.where((blocks >= (1 << step)) & (blocks < (2 << step)), A, 0.0)
-            Tm -= tl.dot(tl.dot(Tm, C, input_precision=PRECISION), Tm, input_precision=PRECISION)
+        Tm = _unit_lower_inverse(A, BT, LOG2_BT, PRECISION)
 
+        # W = T diag(beta exp(G) / |k|) K and U = T diag(beta) V: the factors go to T's columns,
+        # so that K and V are read as they are.
         e_g = tl.exp(G)
+        t_k = Tm * tl.math.div_rn(beta * e_g, k_norm)[None, :]
         for k0 in tl.static_range(0, BK, BKC):
             offs_k = k0 + offs_c
-            k = tl.math.div_rn(_load_rows(k_base, pos, sk_t, sk_d, offs_k, t_ok, Dk), k_norm[:, None])
+            k = _load_rows(k_base, pos, sk_t, sk_d, offs_k, t_ok, Dk)
             k = tl.where(k_bad[:, None], 0.0, k)
-            W = tl.dot(Tm, k * (beta * e_g)[:, None], input_precision=PRECISION)
+            W = _dot(t_k, k, 2 if EXACT else 0, PRECISION)
             tl.store(w_ptr + (row * Hv + h)[:, None] * BK + offs_k[None, :], W,
                      mask=t_ok[:, None] & (offs_k < Dk)[None, :])
+        qk = tl.math.div_rn(tl.math.div_rn(qk, q_norm[:, None]), k_norm[None, :])
         tl.store(aqk_ptr + (row * Hv + h)[:, None] * BT + cols, qk * decay * scale, mask=t_ok[:, None])
         tl.store(eg_ptr + row * Hv + h, tl.where(tok_bad, float("nan"), e_g), mask=t_ok)
-        # The state pass's row factors: o's q rows by scale exp(G) / |q|, k's by exp(to_end) / |k|.
+        # The later kernels' row factors: o's q rows by scale exp(G) / |q|, k's by exp(to_end) / |k|.
         tl.store(qf_ptr + row * Hv + h, tl.math.div_rn(scale * e_g, q_norm), mask=t_ok)
         tl.store(kf_ptr + row * Hv + h, tl.math.div_rn(tl.exp(to_end), k_norm), mask=t_ok)
+        t_v = Tm * beta[None, :]
         for v0 in range(0, Dv, BV):
             offs_v = v0 + tl.arange(0, BV)
             tv_mask = t_ok[:, None] & (offs_v < Dv)[None, :]
             v = tl.load(v_ptr + b * sv_b + h * sv_h + pos[:, None] * sv_t + offs_v[None, :] * sv_d, mask=tv_mask,
-                        other=0.0).to(tl.float32)
-            v = tl.where(tl.abs(v) < float("inf"), v, 0.0)    # the state pass finds them in v again
-            U = tl.dot(Tm, v * beta[:, None], input_precision=PRECISION)
+                        other=0.0)
+            v = tl.where(tl.abs(v.to(tl.float32)) < float("inf"), v, 0.0)    # the later kernels find them in v again
+            U = _dot(t_v, v, 2 if EXACT else 0, PRECISION)
             tl.store(u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :], U, mask=tv_mask)
 
 
-def _gdn_state_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, kf_ptr, h0_ptr, o_ptr, ht_ptr, cu_ptr,
-                      T, Hv, GROUP, Dk, Dv, su,
-                      sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                      s0_n, s0_h, s0_k, s0_v, so_b, so_t, so_h, sf_n, sf_h, sf_k, varlen, has_h0, store_ht,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
-    """The chunks of one (sequence, V head, block of BV value columns) in order: the state
-    [Dk, BV] stays in fp32 registers; per chunk V' = U - W S, o, then S moves past the chunk."""
+@triton.jit
+def _rows_of(ptr, s_k, s_v, k0, offs_kb, offs_v, Dk, v_ok):
+    """Pointers and mask of rows k0 .. k0 + KB of a [Dk, *] state at ptr, columns offs_v."""
+    offs = k0 + offs_kb
+    return ptr + offs[:, None] * s_k + offs_v[None, :] * s_v, (offs < Dk)[:, None] & v_ok[None, :]
+
+
+@triton.jit
+def _load_state_rows(ptr, s_k, s_v, k0, offs_kb, offs_v, Dk, v_ok):
+    ptrs, mask = _rows_of(ptr, s_k, s_v, k0, offs_kb, offs_v, Dk, v_ok)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_state_rows(ptr, s_k, s_v, k0, offs_kb, offs_v, Dk, v_ok, S):
+    ptrs, mask = _rows_of(ptr, s_k, s_v, k0, offs_kb, offs_v, Dk, v_ok)
+    tl.store(ptrs, S, mask=mask)
+
+
+@triton.jit
+def _advance_rows(S, k_base, pos, sk_t, sk_d, k0, offs_kb, t_ok, Dk, e_chunk, vk, poison,
+                  EXACT: tl.constexpr, PRECISION: tl.constexpr):
+    """Rows k0 .. k0 + KB of the state past a chunk: exp(sum g) S + K^T diag(k_f) V' (vk), NaN
+    in the columns that `poison` marks."""
+    k = _load_rows(k_base, pos, sk_t, sk_d, k0 + offs_kb, t_ok, Dk)
+    k = tl.where(tl.abs(k.to(tl.float32)) < float("inf"), k, 0.0)
+    S = S * e_chunk + _dot(tl.trans(k), vk, 1 if EXACT else 0, PRECISION)
+    return tl.where(poison, float("nan"), S)
+
+
+def _gdn_state_kernel(k_ptr, v_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, h0_ptr, hc_ptr, ht_ptr, cu_ptr, co_ptr,
+                      T, Hv, GROUP, Dk, Dv, su, chunks,
+                      sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                      s0_n, s0_h, s0_k, s0_v, sf_n, sf_h, sf_k, varlen, has_h0, store_ht,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    """The chunks of one (sequence, V head, block of BV value columns) in order, the state
+    [Dk, BV] in fp32 registers: per chunk, S is kept for the output kernel (hc), V' = U - W S
+    replaces U, and S moves past the chunk. The only products left in this sequential chain are
+    the two that the next state needs. The state is held as up to four blocks of KB = 64 rows
+    (S0 .. S3; the loads of W and K by the same blocks): as one [256, BV] tile with W [BT, 256]
+    and the split operands it spilled hundreds of registers."""
+    KB: tl.constexpr = BK if BK < 64 else 64
+    NKB: tl.constexpr = BK // KB
     pid = tl.program_id(0)
     n, h, hk, b, bos, seq_len = _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen)
+    c0 = _first_chunk(n, co_ptr, chunks, varlen)
     offs_t = tl.arange(0, BT)
-    offs_k = tl.arange(0, BK)
+    offs_kb = tl.arange(0, KB)
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
-    k_ok = offs_k < Dk
     v_ok = offs_v < Dv
     rows = offs_t[:, None]
+    k_base = k_ptr + b * sk_b + hk * sk_h
+    h0_base = h0_ptr + n * s0_n + h * s0_h
 
-    S = tl.zeros([BK, BV], dtype=tl.float32)
+    S0 = tl.zeros([KB, BV], dtype=tl.float32)
+    S1 = tl.zeros([KB, BV], dtype=tl.float32)
+    S2 = tl.zeros([KB, BV], dtype=tl.float32)
+    S3 = tl.zeros([KB, BV], dtype=tl.float32)
     if has_h0:
-        S = tl.load(h0_ptr + n * s0_n + h * s0_h + offs_k[:, None] * s0_k + offs_v[None, :] * s0_v,
-                    mask=k_ok[:, None] & v_ok[None, :], other=0.0)
+        S0 = _load_state_rows(h0_base, s0_k, s0_v, 0, offs_kb, offs_v, Dk, v_ok)
+        if NKB > 1:
+            S1 = _load_state_rows(h0_base, s0_k, s0_v, KB, offs_kb, offs_v, Dk, v_ok)
+        if NKB > 2:
+            S2 = _load_state_rows(h0_base, s0_k, s0_v, 2 * KB, offs_kb, offs_v, Dk, v_ok)
+            S3 = _load_state_rows(h0_base, s0_k, s0_v, 3 * KB, offs_kb, offs_v, Dk, v_ok)
     for t0 in range(0, seq_len, BT):
         pos = bos + t0 + offs_t
         row = b * T + pos
         t_ok = t0 + offs_t < seq_len
-        qk_mask = t_ok[:, None] & k_ok[None, :]
         tv_mask = t_ok[:, None] & v_ok[None, :]
-        q = _load_rows(q_ptr + b * sq_b + hk * sq_h, pos, sq_t, sq_d, offs_k, t_ok, Dk)
-        k = _load_rows(k_ptr + b * sk_b + hk * sk_h, pos, sk_t, sk_d, offs_k, t_ok, Dk)
+        hc_base = hc_ptr + ((c0 + t0 // BT) * Hv + h) * BK * su
+        w_base = w_ptr + (row * Hv + h)[:, None] * BK + offs_kb[None, :]
+        # The chunk's first state, then W S by row blocks.
+        _store_state_rows(hc_base, su, 1, 0, offs_kb, offs_v, Dk, v_ok, S0)
+        ws = tl.dot(tl.load(w_base, mask=t_ok[:, None] & (offs_kb < Dk)[None, :], other=0.0), S0,
+                    input_precision=PRECISION)
+        if NKB > 1:
+            _store_state_rows(hc_base, su, 1, KB, offs_kb, offs_v, Dk, v_ok, S1)
+            ws = tl.dot(tl.load(w_base + KB, mask=t_ok[:, None] & (KB + offs_kb < Dk)[None, :], other=0.0), S1,
+                        acc=ws, input_precision=PRECISION)
+        if NKB > 2:
+            _store_state_rows(hc_base, su, 1, 2 * KB, offs_kb, offs_v, Dk, v_ok, S2)
+            _store_state_rows(hc_base, su, 1, 3 * KB, offs_kb, offs_v, Dk, v_ok, S3)
+            ws = tl.dot(tl.load(w_base + 2 * KB, mask=t_ok[:, None] & (2 * KB + offs_kb < Dk)[None, :], other=0.0),
+                        S2, acc=ws, input_precision=PRECISION)
+            ws = tl.dot(tl.load(w_base + 3 * KB, mask=t_ok[:, None] & (3 * KB + offs_kb < Dk)[None, :], other=0.0),
+                        S3, acc=ws, input_precision=PRECISION)
         v = tl.load(v_ptr + b * sv_b + h * sv_h + pos[:, None] * sv_t + offs_v[None, :] * sv_d, mask=tv_mask,
                     other=0.0)
-        k = tl.where(tl.abs(k) < float("inf"), k, 0.0)
-        w = tl.load(w_ptr + (row * Hv + h)[:, None] * BK + offs_k[None, :], mask=qk_mask, other=0.0)
-        u = tl.load(u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :], mask=tv_mask, other=0.0)
-        aqk = tl.load(aqk_ptr + (row * Hv + h)[:, None] * BT + offs_t[None, :], mask=t_ok[:, None], other=0.0)
+        u_ptrs = u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :]
         e_g = tl.load(eg_ptr + row * Hv + h, mask=t_ok, other=0.0)
-        q_f = tl.load(qf_ptr + row * Hv + h, mask=t_ok, other=0.0)
         k_f = tl.load(kf_ptr + row * Hv + h, mask=t_ok, other=0.0)
-        # The first token of each column whose k, g or beta (a NaN decay), or whose v, is not finite.
-        tok_bad = e_g != e_g
-        first_bad = tl.min(tl.where(tok_bad[:, None] | ~(tl.abs(v) < float("inf")), rows, BT), axis=0)   # [BV]
-        e_g = tl.where(tok_bad, 0.0, e_g)
+        first_bad = _first_nonfinite(e_g, v, rows, BT)
+        poison = first_bad[None, :] < BT
+        e_g = tl.where(e_g != e_g, 0.0, e_g)
         last = tl.minimum(seq_len - t0, BT) - 1
         e_chunk = tl.sum(tl.where(offs_t == last, e_g, 0.0), axis=0)       # exp(the chunk's summed g)
 
-        v_new = u - tl.dot(w, S, input_precision=PRECISION)
-        o = tl.dot(q * q_f[:, None], S, input_precision=PRECISION)
-        o += tl.dot(aqk, v_new, input_precision=PRECISION)
+        v_new = tl.load(u_ptrs, mask=tv_mask, other=0.0) - ws
+        tl.store(u_ptrs, v_new, mask=tv_mask)
+        vk = v_new * k_f[:, None]
+        S0 = _advance_rows(S0, k_base, pos, sk_t, sk_d, 0, offs_kb, t_ok, Dk, e_chunk, vk, poison, EXACT, PRECISION)
+        if NKB > 1:
+            S1 = _advance_rows(S1, k_base, pos, sk_t, sk_d, KB, offs_kb, t_ok, Dk, e_chunk, vk, poison, EXACT,
+                               PRECISION)
+        if NKB > 2:
+            S2 = _advance_rows(S2, k_base, pos, sk_t, sk_d, 2 * KB, offs_kb, t_ok, Dk, e_chunk, vk, poison, EXACT,
+                               PRECISION)
+            S3 = _advance_rows(S3, k_base, pos, sk_t, sk_d, 3 * KB, offs_kb, t_ok, Dk, e_chunk, vk, poison, EXACT,
+                               PRECISION)
+
+    if store_ht:
+        ht_base = ht_ptr + n * sf_n + h * sf_h
+        _store_state_rows(ht_base, sf_k, 1, 0, offs_kb, offs_v, Dk, v_ok, S0)
+        if NKB > 1:
+            _store_state_rows(ht_base, sf_k, 1, KB, offs_kb, offs_v, Dk, v_ok, S1)
+        if NKB > 2:
+            _store_state_rows(ht_base, sf_k, 1, 2 * KB, offs_kb, offs_v, Dk, v_ok, S2)
+            _store_state_rows(ht_base, sf_k, 1, 3 * KB, offs_kb, offs_v, Dk, v_ok, S3)
+
+
+def _gdn_output_kernel(q_ptr, v_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, hc_ptr, o_ptr, cu_ptr, co_ptr,
+                       T, Hv, GROUP, Dk, Dv, su, chunks,
+                       sq_b, sq_t, sq_h, sq_d, sv_b, sv_t, sv_h, sv_d, so_b, so_t, so_h, varlen,
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr,
+                       PRECISION: tl.constexpr):
+    """o of one chunk and block of BV value columns, every chunk in parallel:
+    O = diag(scale exp(G) / |q|) Q S0 + Aqk V', from the chunk's first state S0 (hc) and V'.
+    Q S0 goes by blocks of 64 state rows, as in the state kernel."""
+    KB: tl.constexpr = BK if BK < 64 else 64
+    c = tl.program_id(0)
+    pid = tl.program_id(1)
+    n, h, hk, b, bos, seq_len = _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen)
+    t0 = c * BT
+    if t0 < seq_len:
+        offs_t = tl.arange(0, BT)
+        offs_kb = tl.arange(0, KB)
+        offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+        v_ok = offs_v < Dv
+        rows = offs_t[:, None]
+        pos = bos + t0 + offs_t
+        row = b * T + pos
+        t_ok = t0 + offs_t < seq_len
+        tv_mask = t_ok[:, None] & v_ok[None, :]
+        hc_base = hc_ptr + ((_first_chunk(n, co_ptr, chunks, varlen) + c) * Hv + h) * BK * su
+        q_base = q_ptr + b * sq_b + hk * sq_h
+        qs = tl.zeros([BT, BV], dtype=tl.float32)
+        for k0 in tl.static_range(0, BK, KB):
+            q = _load_rows(q_base, pos, sq_t, sq_d, k0 + offs_kb, t_ok, Dk)
+            qs += _dot(q, _load_state_rows(hc_base, su, 1, k0, offs_kb, offs_v, Dk, v_ok), 1 if EXACT else 0,
+                       PRECISION)
+        v = tl.load(v_ptr + b * sv_b + h * sv_h + pos[:, None] * sv_t + offs_v[None, :] * sv_d, mask=tv_mask,
+                    other=0.0)
+        v_new = tl.load(u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :], mask=tv_mask, other=0.0)
+        aqk = tl.load(aqk_ptr + (row * Hv + h)[:, None] * BT + offs_t[None, :], mask=t_ok[:, None], other=0.0)
+        e_g = tl.load(eg_ptr + row * Hv + h, mask=t_ok, other=0.0)
+        q_f = tl.load(qf_ptr + row * Hv + h, mask=t_ok, other=0.0)
+        first_bad = _first_nonfinite(e_g, v, rows, BT)
+        o = qs * q_f[:, None] + tl.dot(aqk, v_new, input_precision=PRECISION)
         o = tl.where(rows >= first_bad[None, :], float("nan"), o)
         tl.store(o_ptr + b * so_b + h * so_h + pos[:, None] * so_t + offs_v[None, :], o.to(o_ptr.dtype.element_ty),
                  mask=tv_mask)
-        S = S * e_chunk
-        S += tl.dot(tl.trans(k * k_f[:, None]), v_new, input_precision=PRECISION)
-        S = tl.where(first_bad[None, :] < BT, float("nan"), S)
-
-    if store_ht:
-        tl.store(ht_ptr + n * sf_n + h * sf_h + offs_k[:, None] * sf_k + offs_v[None, :], S,
-                 mask=k_ok[:, None] & v_ok[None, :])
 
 
 _GDN_PREPARE = _jit_twice(_gdn_prepare_kernel)
 _GDN_STATE = _jit_twice(_gdn_state_kernel)
+_GDN_OUTPUT = _jit_twice(_gdn_output_kernel)
 
 
 # The decode step specialises on the state tile (its strides, address and dims: its traffic).
@@ -344,21 +537,23 @@ def _power_of_two(name, value, lo, hi):
 
 def _block_v(n_programs, Dk, Dv, block_v):
     """BV value columns a program: up to 64 (32 at Dk past 128: the state slice and the split
-    TF32 operands must fit a block's shared memory), narrowed to 32 on a GPU while the grid would
-    not cover its SMs twice (B * Hv small); given, any power of two in [16, 128]."""
+    TF32 operands must fit a block's shared memory), halved on a GPU (down to 16) while the grid
+    would not cover its SMs twice (B * Hv small: the state pass is a chain of small dependent
+    products, and more programs hide more of its latency); given, any power of two in [16, 128]."""
     if block_v is not None:
         _power_of_two("block_v", block_v, 16, 128)
         return block_v
     bv = min(64 if Dk <= 128 else 32, max(16, triton.next_power_of_2(Dv)))
-    while not interpreting() and bv > 32 and n_programs * triton.cdiv(Dv, bv) < 2 * _SMS:
+    while not interpreting() and bv > 16 and n_programs * triton.cdiv(Dv, bv) < 2 * _SMS:
         bv //= 2
     return bv
 
 
 def _state_warps(bk, bv):
     """Warps of a state-pass program: 8 for the larger slices, never at 16 value columns. Triton
-    3.6 miscompiles that layout: compute-sanitizer finds an out-of-range shared address at o's
-    store (H200, Dk 128, BV 16, 8 warps; bench/repro_gdn_state_8warps.py)."""
+    3.6 miscompiled that layout in the first state kernel, which also stored o: compute-sanitizer
+    found an out-of-range shared address at o's store (H200, Dk 128, BV 16, 8 warps;
+    bench/repro_gdn_state_8warps.py keeps that kernel). 4 and 8 warps time the same here."""
     warps = _LAUNCH["state_warps"] or (4 if bk * bv <= 64 * 64 else 8)
     return 4 if bv < 32 else warps
 
@@ -373,8 +568,7 @@ def _check_cu(cu, B, T, device):
     host = cu.detach().cpu()
     if host.numel() < 1 or int(host[0]) != 0 or int(host[-1]) != T or bool((host[1:] < host[:-1]).any()):
         raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {T}, got {host.tolist()}")
-    lengths = host[1:] - host[:-1]
-    return host.numel() - 1, int(lengths.max()) if lengths.numel() else 0
+    return host[1:] - host[:-1]
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -413,7 +607,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     _check_flag("output_final_state", output_final_state)
     _check_flag("use_qk_l2norm", use_qk_l2norm)
     _power_of_two("chunk_size", chunk_size, 16, 64)
-    N, longest = (B, T) if cu_seqlens is None else _check_cu(cu_seqlens, B, T, q.device)
+    lengths = None if cu_seqlens is None else _check_cu(cu_seqlens, B, T, q.device)
+    N = B if lengths is None else lengths.numel()
+    longest = T if lengths is None else int(lengths.max()) if N else 0
     if initial_state is not None:
         check_tensor("initial_state", initial_state, dtypes=(torch.float32,), ndim=4)
         check_shape("initial_state", initial_state, (N, Hv, Dk, Dv))
@@ -429,6 +625,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     bk = max(16, triton.next_power_of_2(Dk))
     bv = _block_v(N * Hv, Dk, Dv, block_v)
     precision = "ieee" if interpreting() else GPU_PRECISION
+    exact = v.dtype != torch.float32       # 16-bit inputs: TF32 holds them exactly (_dot)
     varlen = cu_seqlens is not None
     chunks = triton.cdiv(longest, chunk_size)
     variant = 0 if _qkv_aligned(q, k, v, o) else 1     # aligned or generic (_jit_twice)
@@ -438,9 +635,20 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     u = allocate((rows, Hv, su), torch.float32, v.device, name="u")
     aqk = allocate((rows, Hv, chunk_size), torch.float32, v.device, name="aqk")
     e_g, q_f, k_f = (allocate((rows, Hv), torch.float32, v.device, name=name) for name in ("e_g", "q_f", "k_f"))
+    # Each chunk's first state, for the output kernel: fixed-length rows own `chunks` slots each,
+    # sequence n of a varlen batch its own from chunk offset co[n].
+    if varlen:
+        per_sequence = (lengths + chunk_size - 1) // chunk_size
+        co = torch.cat([per_sequence.new_zeros(1), per_sequence.cumsum(0)]).to(torch.int32)
+        n_chunks = int(co[-1])
+        co = co.to(v.device)
+    else:
+        n_chunks = N * chunks
+    hc = allocate((n_chunks, Hv, bk, su), torch.float32, v.device, name="chunk_states")
     # Absent tensors are fp32 / int32 stand-ins with contiguous strides, never read or written (the
     # flags say so), so that calls with and without them share a compiled variant.
     cu = cu_seqlens.to(torch.int32) if varlen else e_g.view(torch.int32)
+    co = co if varlen else cu
     contiguous_state = (Hv * Dk * Dv, Dk * Dv, Dv, 1)
     h0 = initial_state if initial_state is not None else e_g
     s0 = initial_state.stride() if initial_state is not None else contiguous_state
@@ -451,14 +659,20 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             q, k, v, g, beta, cu, w, u, aqk, e_g, q_f, k_f, T, Hv, Hv // Hk, Dk, Dv, su, scale,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), int(varlen), int(use_qk_l2norm),
             BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, 128),
-            BV=min(64, max(16, triton.next_power_of_2(Dv))), PRECISION=precision,
+            BV=min(64, max(16, triton.next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
             num_warps=_LAUNCH["prepare_warps"] or 4)
     _GDN_STATE[variant][(N * Hv, triton.cdiv(Dv, bv))](
-        q, k, v, w, u, aqk, e_g, q_f, k_f, h0, o, ht, cu, T, Hv, Hv // Hk, Dk, Dv, su,
-        *q.stride(), *k.stride(), *v.stride(), *s0, *o.stride()[:3], *sf,
-        int(varlen), int(initial_state is not None), int(final is not None),
-        BT=chunk_size, BK=bk, BV=bv, PRECISION=precision,
+        k, v, w, u, e_g, k_f, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
+        *k.stride(), *v.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
+        BT=chunk_size, BK=bk, BV=bv, EXACT=exact, PRECISION=precision,
         num_warps=_state_warps(bk, bv), num_stages=_LAUNCH["state_stages"])
+    if chunks:
+        bvo = min(64 if Dk <= 128 else 32, max(16, triton.next_power_of_2(Dv)))
+        _GDN_OUTPUT[variant][(chunks, N * Hv, triton.cdiv(Dv, bvo))](
+            q, v, u, aqk, e_g, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
+            *q.stride(), *v.stride(), *o.stride()[:3], int(varlen),
+            BT=chunk_size, BK=bk, BV=bvo, EXACT=exact, PRECISION=precision,
+            num_warps=_LAUNCH["output_warps"] or 4)
     return o, final
 
 
