@@ -1,7 +1,9 @@
 """Mutants of the Triton kernels: which small changes to a kernel body the suite should notice.
 
-`enumerate_mutants(path)` parses a kernel file, finds the bodies of its `@triton.jit` functions
-and lists one mutant per single change:
+`enumerate_mutants(path)` parses a kernel file, finds the bodies of its jit functions (decorated
+with `@triton.jit`, or undecorated and jitted by a module-level call: `K = triton.jit(fn)`,
+`K = triton.jit(**options)(fn)`, or `K = make(fn)` where `make` is a function of the same
+module that calls triton.jit) and lists one mutant per single change:
 
     cmp-boundary  <  <=  >  >= to their off-by-one neighbour (mask bounds: cols < n -> cols <= n)
     cmp-negate    a comparison to its negation (< -> >=, == -> !=)
@@ -28,8 +30,9 @@ the id unchanged; editing the statement itself changes it, as it should.
 
 `ops_using(path, function)` says which registered ops run a kernel function, from the source:
 op classes in harness/ops/*.py call launchers `kernels.NAME`, launchers launch kernels, kernels
-call jit helpers (kernels/_device.py); an op module that imports `models` (the decoder) uses
-every launcher models/ calls.
+call jit helpers (kernels/_device.py); a module-level name bound to a jitted body (`K =
+make(fn)`) leads to that body; an op module that imports `models` (the decoder) uses every
+launcher models/ calls.
 """
 from __future__ import annotations
 
@@ -110,12 +113,33 @@ def _dotted(node) -> str | None:
     return None
 
 
+_JIT = ("triton.jit", "jit")
+
+
 def _is_jit(fn: ast.FunctionDef) -> bool:
     for d in fn.decorator_list:
         target = d.func if isinstance(d, ast.Call) else d
-        if _dotted(target) in ("triton.jit", "jit"):
+        if _dotted(target) in _JIT:
             return True
     return False
+
+
+def _jitted_at_module_level(tree: ast.Module) -> set:
+    """Names of the module's undecorated functions that a module-level statement jits: passes to
+    triton.jit(fn) or triton.jit(**options)(fn), or to a function of the module that calls
+    triton.jit itself (a factory: gated_delta's `_GDN_STATE = _jit_twice(_gdn_state_kernel)`)."""
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    factories = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+                 and any(isinstance(c, ast.Call) and _dotted(c.func) in _JIT for s in n.body for c in ast.walk(s))}
+    out = set()
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for call in (c for c in ast.walk(stmt) if isinstance(c, ast.Call)):
+            callee = call.func.func if isinstance(call.func, ast.Call) else call.func     # triton.jit(...)(fn)
+            if _dotted(callee) in _JIT or (isinstance(callee, ast.Name) and callee.id in factories):
+                out |= {a.id for a in call.args if isinstance(a, ast.Name) and a.id in functions}
+    return out
 
 
 def _collapse(text: str) -> str:
@@ -411,7 +435,9 @@ def relative(path: Path | str, root: Path = ROOT) -> str:
 
 
 def jit_functions(tree: ast.Module) -> list[ast.FunctionDef]:
-    return [n for n in tree.body if isinstance(n, ast.FunctionDef) and _is_jit(n)]
+    """The module's jit function bodies, in source order: decorated, or jitted by a module-level call."""
+    jitted = _jitted_at_module_level(tree)
+    return [n for n in tree.body if isinstance(n, ast.FunctionDef) and (_is_jit(n) or n.name in jitted)]
 
 
 def _helper_params(tree: ast.Module, path: Path) -> dict:
@@ -431,7 +457,7 @@ def _helper_params(tree: ast.Module, path: Path) -> dict:
 
 
 def enumerate_mutants(path: Path | str, source: bytes | None = None, root: Path = ROOT) -> list[Mutant]:
-    """Every mutant of the @triton.jit function bodies of one file, in source order."""
+    """Every mutant of the jit function bodies of one file (jit_functions), in source order."""
     path = Path(path)
     data = path.read_bytes() if source is None else source
     tree = ast.parse(data)
@@ -482,15 +508,27 @@ def _imports_models(node) -> bool:
 
 @lru_cache(maxsize=4)
 def op_map(root: Path = ROOT) -> dict:
-    """(kernel module path, function name) -> sorted ops that reach it, for every module-level
-    function and class of kernels/*.py."""
+    """(kernel module path, name) -> sorted ops that reach it, for every module-level function,
+    class and assigned name of kernels/*.py."""
     kernel_dir = root / "kernels"
     graph = defaultdict(set)               # (path, name) -> (path, name) it refers to
     launchers = {}                         # kernels.NAME -> (path, name), from kernels/__init__.py
     for path in sorted(kernel_dir.glob("*.py")):
         rel = relative(path, root)
         tree = ast.parse(path.read_bytes())
-        local = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        # What defines each module-level name: functions, classes and assignments. `K = make(fn)`
+        # binds a jitted body to the name its launcher uses (`K[variant][grid](...)`): K leads to fn.
+        defs = defaultdict(list)
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defs[node.name].append(node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    for t in ast.walk(target):
+                        if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store):
+                            defs[t.id].append(node.value)
+        local = set(defs)
         imported = {}
         for node in tree.body:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kernels."):
@@ -500,13 +538,12 @@ def op_map(root: Path = ROOT) -> dict:
         if path.name == "__init__.py":
             launchers.update(imported)
             continue
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                for name in _names_in(node):
-                    if name in local and name != node.name:
-                        graph[(rel, node.name)].add((rel, name))
-                    elif name in imported:
-                        graph[(rel, node.name)].add(imported[name])
+        for defined, nodes in defs.items():
+            for name in set().union(*map(_names_in, nodes)):
+                if name in local and name != defined:
+                    graph[(rel, defined)].add((rel, name))
+                elif name in imported:
+                    graph[(rel, defined)].add(imported[name])
     models_uses = set()
     for path in sorted((root / "models").glob("*.py")):
         models_uses |= _kernels_attrs(ast.parse(path.read_bytes()))

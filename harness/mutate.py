@@ -5,7 +5,7 @@
     kernelcheck-mutate kernels/_device.py --op softmax      # the shared helpers, judged by softmax's tests
     kernelcheck-mutate --sample 20 --seed 7 --json mutation.json   # a nightly sample of every kernel file
 
-Each mutant (harness/mutants.py: one small change in a @triton.jit body) is written into a
+Each mutant (harness/mutants.py: one small change in a jit function's body) is written into a
 private copy of the tree, and the tests of every op that runs the mutated function
 (`pytest tests/ --op OP -x`, the backend's own Hypothesis profile, gated against the backend's
 baseline; tests/mutant_plugin.py orders and reports) run there, one op at a time, the quickest
@@ -369,7 +369,7 @@ def default_files(root: Path) -> list[Path]:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="kernelcheck-mutate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("files", nargs="*", help="kernel files (default: every kernels/*.py with @triton.jit functions)")
+    p.add_argument("files", nargs="*", help="kernel files (default: every kernels/*.py with jit functions)")
     p.add_argument("--list", action="store_true", help="list the mutants (id, place, change, ops) and run nothing")
     p.add_argument("--only", action="append", default=[], metavar="ID", help="only this mutant (repeatable)")
     p.add_argument("--op", action="append", default=[], metavar="OP[,OP]",

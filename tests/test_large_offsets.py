@@ -441,3 +441,37 @@ def test_decode_attention_reads_positions_and_pages_past_2_31_elements(op, dtype
         _judge_tail(op, (out,), last, budget, f"{layout}, splits {splits}")
     del k, v
     torch.cuda.empty_cache()
+
+
+# gated_delta_rule_decode: its state [B, Hv, Dk, Dv] (fp32, updated in place, any strides) with
+# batches or V heads 2^30 + 64 elements apart. A stride below 2^31 is an int32 argument, so only
+# int64 batch and head indices keep 2 x stride from wrapping (the decode kernel's survivors
+# a5cfe69b45 / a22038047b: b, bf9d9f0c50 / af3f2c5b6a: h, in results/mutation/runs/gated_delta).
+# A few programs: the interpreter runs it in seconds, the 8 GiB storage only backed where written
+# (as the embedding table above), and its lane guard turns a wrapped address into a failure.
+@pytest.mark.op("gated_delta_rule")
+@pytest.mark.parametrize("layout", ["batch_stride", "head_stride"])
+def test_gated_delta_decode_state_past_2_31_elements(layout, backend, budgets):
+    dev, g = backend.device, torch.Generator().manual_seed(12)
+    apart, Dk, Dv = 2**30 + 64, 64, 48
+    if layout == "batch_stride":
+        B, Hv, strides = 3, 1, (apart, Dk * Dv, Dv, 1)
+    else:
+        B, Hv, strides = 1, 3, (3 * apart, apart, Dv, 1)
+    storage = torch.empty(2 * apart + Dk * Dv, dtype=torch.float32, device=dev)
+    state = storage.as_strided((B, Hv, Dk, Dv), strides)     # the last batch (head) 2^31 + 128 elements in
+    init = torch.randn(B, Hv, Dk, Dv, generator=g)
+    state[:] = init.to(dev)
+    q, k = (torch.randn(B, 1, Dk, generator=g).half().to(dev) for _ in range(2))
+    v = torch.randn(B, Hv, Dv, generator=g).half().to(dev)
+    gate = (-0.05 * torch.rand(B, Hv, generator=g)).half().to(dev)
+    beta = torch.rand(B, Hv, generator=g).half().to(dev)
+    o = kernels.gated_delta_rule_decode(q, k, v, gate, beta, state, use_qk_l2norm=True)
+    # The same step as a one-token prefill, judged by the op's float64 oracle and budget.
+    step = {"q": q[:, None], "k": k[:, None], "v": v[:, None], "g": gate[:, None], "beta": beta[:, None],
+            "scale": None, "initial_state": init.to(dev), "cu_seqlens": None, "use_qk_l2norm": True}
+    _judge_tail("gated_delta_rule", (o[:, None], state.clone()), step,
+                budgets.get("gated_delta_rule", "float16", backend.name), layout)
+    del storage, state
+    if backend.name == "gpu":
+        torch.cuda.empty_cache()

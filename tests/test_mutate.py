@@ -178,6 +178,75 @@ def test_ops_of_a_kernel_file_and_of_the_shared_helpers(tool):
     assert "decoder" in tool.mutants.ops_using("kernels/norms.py", "_rmsnorm_kernel")   # models/ calls kernels.rmsnorm
 
 
+# Kernel bodies without a decorator, jitted by module-level calls (kernels/gated_delta.py's
+# `_GDN_STATE = _jit_twice(_gdn_state_kernel)`), and the launcher launching them by those names.
+JITTED_AT_MODULE_LEVEL = textwrap.dedent('''\
+    import inspect
+    import triton
+    import triton.language as tl
+
+
+    def _twice(fn):
+        def jit(**options):
+            return triton.jit(**options)(fn)
+        return jit(), jit(do_not_specialize=["n"])
+
+
+    def twice_body(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, offs, mask=offs < n)
+
+
+    def direct_body(x_ptr, n):
+        tl.store(x_ptr, n + 1)
+
+
+    def options_body(x_ptr, n):
+        tl.store(x_ptr, n - 1)
+
+
+    def plain(n):
+        return n + 1
+
+
+    _TWICE = _twice(twice_body)
+    _DIRECT = triton.jit(direct_body)
+    _OPTIONS = triton.jit(do_not_specialize=["n"])(options_body)
+    _SIGNATURE = inspect.signature(plain)        # passed to a call that jits nothing
+
+
+    def launch(x, variant):
+        _TWICE[variant][(1,)](x, plain(3), BLOCK=8)
+        _DIRECT[(1,)](x, 4)
+        _OPTIONS[(1,)](x, 4)
+    ''')
+
+
+def test_bodies_jitted_by_a_module_level_call_are_kernels_of_their_launchers_op(tool, tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "toy.py").write_text(JITTED_AT_MODULE_LEVEL)
+    (tmp_path / "kernels" / "__init__.py").write_text("from kernels.toy import launch\n")
+    (tmp_path / "harness" / "ops").mkdir(parents=True)
+    (tmp_path / "harness" / "ops" / "toy.py").write_text(
+        "import kernels\n\n\nclass Toy:\n    name = 'toy'\n\n    def kernel(self, inp, out):\n"
+        "        return kernels.launch(inp['x'], 0)\n")
+    found = tool.mutants.enumerate_mutants(tmp_path / "kernels" / "toy.py", root=tmp_path)
+    assert list(dict.fromkeys(m.function for m in found)) == ["twice_body", "direct_body", "options_body"]
+    for body in ("twice_body", "direct_body", "options_body"):        # reached through _TWICE, _DIRECT, _OPTIONS
+        assert tool.mutants.ops_using("kernels/toy.py", body, tmp_path) == ["toy"], body
+
+
+def test_the_gated_delta_chunk_kernels_are_no_blind_spot(tool):
+    """_gdn_prepare_kernel and _gdn_state_kernel have no decorator: _jit_twice jits each body
+    twice at module level and gated_delta_rule launches them as _GDN_PREPARE[variant][grid]."""
+    gated_delta = ROOT / "kernels" / "gated_delta.py"
+    functions = {m.function for m in tool.mutants.enumerate_mutants(gated_delta)}
+    assert {"_gdn_prepare_kernel", "_gdn_state_kernel", "_gdn_decode_kernel"} <= functions
+    assert not functions & {"_jit_twice", "_qkv_aligned", "gated_delta_rule"}     # undecorated, jitted by nothing
+    for kernel in ("_gdn_prepare_kernel", "_gdn_state_kernel"):
+        assert tool.mutants.ops_using("kernels/gated_delta.py", kernel) == ["gated_delta_rule"], kernel
+
+
 @pytest.mark.parametrize("returncode,timed_out,failure,status", [
     (0, False, None, "survived"),
     (1, False, {"test": "t::a", "exception": "AssertionError", "message": "m", "refused_by_triton": False},
