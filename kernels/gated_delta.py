@@ -94,7 +94,8 @@ def _dot(a, b, EXACT: tl.constexpr, PRECISION: tl.constexpr):
 
 @triton.jit
 def _load_rows(base, pos, s_t, s_d, offs_d, t_ok, D):
-    """A [rows, len(offs_d)] tile of token rows `pos` (masked by t_ok and offs_d < D), in the input dtype."""
+    """A [rows, len(offs_d)] tile of token rows `pos` (masked by t_ok and offs_d < D), in the input
+    dtype: q or k columns, or v's value columns."""
     mask = t_ok[:, None] & (offs_d < D)[None, :]
     return tl.load(base + pos[:, None] * s_t + offs_d[None, :] * s_d, mask=mask, other=0.0)
 
@@ -282,8 +283,7 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
         for v0 in range(0, Dv, BV):
             offs_v = v0 + tl.arange(0, BV)
             tv_mask = t_ok[:, None] & (offs_v < Dv)[None, :]
-            v = tl.load(v_ptr + b * sv_b + h * sv_h + pos[:, None] * sv_t + offs_v[None, :] * sv_d, mask=tv_mask,
-                        other=0.0)
+            v = _load_rows(v_ptr + b * sv_b + h * sv_h, pos, sv_t, sv_d, offs_v, t_ok, Dv)
             v = tl.where(tl.abs(v.to(tl.float32)) < float("inf"), v, 0.0)    # the later kernels find them in v again
             U = _dot(t_v, v, 2 if EXACT else 0, PRECISION)
             tl.store(u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :], U, mask=tv_mask)
@@ -377,8 +377,7 @@ def _gdn_state_kernel(k_ptr, v_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, h0_ptr, hc_ptr
                         S2, acc=ws, input_precision=PRECISION)
             ws = tl.dot(tl.load(w_base + 3 * KB, mask=t_ok[:, None] & (3 * KB + offs_kb < Dk)[None, :], other=0.0),
                         S3, acc=ws, input_precision=PRECISION)
-        v = tl.load(v_ptr + b * sv_b + h * sv_h + pos[:, None] * sv_t + offs_v[None, :] * sv_d, mask=tv_mask,
-                    other=0.0)
+        v = _load_rows(v_ptr + b * sv_b + h * sv_h, pos, sv_t, sv_d, offs_v, t_ok, Dv)
         u_ptrs = u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :]
         e_g = tl.load(eg_ptr + row * Hv + h, mask=t_ok, other=0.0)
         k_f = tl.load(kf_ptr + row * Hv + h, mask=t_ok, other=0.0)
@@ -441,8 +440,7 @@ def _gdn_output_kernel(q_ptr, v_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, hc_ptr, o_p
             q = _load_rows(q_base, pos, sq_t, sq_d, k0 + offs_kb, t_ok, Dk)
             qs += _dot(q, _load_state_rows(hc_base, su, 1, k0, offs_kb, offs_v, Dk, v_ok), 1 if EXACT else 0,
                        PRECISION)
-        v = tl.load(v_ptr + b * sv_b + h * sv_h + pos[:, None] * sv_t + offs_v[None, :] * sv_d, mask=tv_mask,
-                    other=0.0)
+        v = _load_rows(v_ptr + b * sv_b + h * sv_h, pos, sv_t, sv_d, offs_v, t_ok, Dv)
         v_new = tl.load(u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :], mask=tv_mask, other=0.0)
         aqk = tl.load(aqk_ptr + (row * Hv + h)[:, None] * BT + offs_t[None, :], mask=t_ok[:, None], other=0.0)
         e_g = tl.load(eg_ptr + row * Hv + h, mask=t_ok, other=0.0)
