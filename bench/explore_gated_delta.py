@@ -1,7 +1,6 @@
-"""Gated delta prefill sweep (GPU only): the chunk kernels' launch settings (value columns a
-state-pass program, warps of each kernel, state-pass stages), and each compiled variant's registers,
-spills and shared memory on bench_gated_delta's T 4096 and
-16384 rows (bf16, 16 K / 32 V heads x 128, L2 norm, final state out). Informs
+"""Gated delta prefill sweep (GPU only): the chunk kernels' launch settings, each kernel's time
+(torch profiler) and each compiled variant's registers, spills and shared memory, on bf16 rows of
+bench_gated_delta's shapes (16 K / 32 V heads x 128, L2 norm, final state out). Informs
 kernels/gated_delta.py's _block_v and _LAUNCH (bench/NOTES.md).
 
     python bench/explore_gated_delta.py
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
@@ -19,38 +19,62 @@ import kernels.gated_delta as gd  # noqa: E402
 from bench.common import bench  # noqa: E402
 
 HK, HV, D, DT = 16, 32, 128, torch.bfloat16
-SPACE = dict(block_v=(16, 32, 64), prepare_warps=(4, 8), state_warps=(4, 8), state_stages=(1, 2),
-             output_warps=(4, 8))   # 8 warps at 16 columns: 4 (_state_warps)
+DEFAULTS = dict(gd._LAUNCH)
+# One sweep per kernel, the others at their defaults (8 warps at 16 columns: 4, _state_warps).
+SWEEPS = {
+    "prepare": dict(prepare_bkc=(32, 64, 128), prepare_warps=(4, 8)),
+    "state": dict(block_v=(16, 32, 64), state_stages=(1, 2)),
+    "output": dict(output_warps=(4, 8)),
+}
+ROWS = ((1, 4096), (8, 4096), (1, 16384))
+
+
+def kernel_ms(fn, reps=10) -> dict:
+    """Mean device milliseconds of each chunk kernel over reps calls."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        for name in ("prepare", "state", "output"):
+            if f"_gdn_{name}_kernel" in e.key:
+                out[name] = out.get(name, 0.0) + e.device_time_total / reps / 1000
+    return out
 
 
 def main():
     g = torch.Generator(device="cuda").manual_seed(0)
-    for T in (4096, 16384):
-        q = torch.randn(1, T, HK, D, device="cuda", dtype=DT, generator=g)
-        k = torch.randn(1, T, HK, D, device="cuda", dtype=DT, generator=g)
-        v = torch.randn(1, T, HV, D, device="cuda", dtype=DT, generator=g)
-        gate = F.logsigmoid(torch.randn(1, T, HV, device="cuda", generator=g))
-        beta = torch.rand(1, T, HV, device="cuda", generator=g)
-        results = []
-        for bv, pw, sw, ss, ow in itertools.product(*SPACE.values()):
-            gd._LAUNCH.update(prepare_warps=pw, state_warps=sw, state_stages=ss, output_warps=ow)
-            try:
-                ms = bench(lambda: kernels.gated_delta_rule(q, k, v, gate, beta, output_final_state=True,
-                                                            use_qk_l2norm=True, block_v=bv))
-            except Exception as exc:       # out of resources: recorded, the sweep goes on
-                print(f"T {T} block_v {bv} warps {pw}/{sw} stages {ss}: {type(exc).__name__}", flush=True)
-                continue
-            results.append((ms, bv, pw, sw, ss, ow))
-            print(f"T {T} block_v {bv} warps {pw}/{sw}/{ow} stages {ss}: {ms:.3f} ms", flush=True)
-        best = min(results)
-        print(f"BEST T {T}: {best[0]:.3f} ms at block_v {best[1]}, warps {best[2]}/{best[3]}/{best[5]} "
-              f"(prepare / state / output), stages {best[4]}", flush=True)
+    for B, T in ROWS:
+        q = torch.randn(B, T, HK, D, device="cuda", dtype=DT, generator=g)
+        k = torch.randn(B, T, HK, D, device="cuda", dtype=DT, generator=g)
+        v = torch.randn(B, T, HV, D, device="cuda", dtype=DT, generator=g)
+        gate = F.logsigmoid(torch.randn(B, T, HV, device="cuda", generator=g))
+        beta = torch.rand(B, T, HV, device="cuda", generator=g)
+        for kernel, space in SWEEPS.items():
+            for values in itertools.product(*space.values()):
+                setting = dict(zip(space, values))
+                gd._LAUNCH.update(DEFAULTS)
+                gd._LAUNCH.update({k: v for k, v in setting.items() if k != "block_v"})
+                fn = lambda: kernels.gated_delta_rule(q, k, v, gate, beta, output_final_state=True,  # noqa: E731
+                                                      use_qk_l2norm=True, block_v=setting.get("block_v"))
+                try:
+                    ms = bench(fn)
+                    per = kernel_ms(fn)
+                except Exception as exc:       # out of resources: recorded, the sweep goes on
+                    print(f"B {B} T {T} {setting}: {type(exc).__name__}", flush=True)
+                    continue
+                print(f"B {B} T {T} {setting}: {ms:.3f} ms; " + ", ".join(f"{n} {t:.3f}" for n, t in per.items()),
+                      flush=True)
+    gd._LAUNCH.update(DEFAULTS)
     for name, jits in (("prepare", gd._GDN_PREPARE), ("state", gd._GDN_STATE), ("output", gd._GDN_OUTPUT)):
         for jit in jits:
             for caches in jit.device_caches.values():
                 for kernel in caches[0].values():
+                    c = getattr(getattr(kernel, "src", None), "constants", None) or {}
                     print(f"{name}: {kernel.metadata.num_warps} warps, {kernel.n_regs} registers, "
-                          f"{kernel.n_spills} spilled, {kernel.metadata.shared} B shared", flush=True)
+                          f"{kernel.n_spills} spilled, {kernel.metadata.shared} B shared "
+                          f"{ {k: v for k, v in c.items() if isinstance(v, int)} }", flush=True)
 
 
 if __name__ == "__main__":

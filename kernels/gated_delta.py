@@ -52,7 +52,7 @@ _SMS = 132                  # an H100/H200: the grid is narrowed in V until it c
 # dots are NumPy's fp32 matmul.
 GPU_PRECISION = "tf32x3"
 # Launch settings by tile size (bench/NOTES.md); None: the defaults below.
-_LAUNCH = dict(prepare_warps=None, state_warps=None, state_stages=1, output_warps=None)
+_LAUNCH = dict(prepare_warps=None, prepare_bkc=64, state_warps=None, state_stages=2, output_warps=None)
 
 
 @triton.jit
@@ -137,29 +137,50 @@ def _first_nonfinite(e_g, v, rows, BT: tl.constexpr):
 
 
 @triton.jit
+def _blocks_of(X, N: tl.constexpr, B: tl.constexpr):
+    """A square tile of N x N blocks of B x B as [row block, column block, B, B]."""
+    return tl.permute(tl.reshape(X, (N, B, N, B)), (0, 2, 1, 3))
+
+
+@triton.jit
+def _join_blocks(Tm, A, BT: tl.constexpr, B: tl.constexpr, PRECISION: tl.constexpr):
+    """One doubling level past 16 rows (_unit_lower_inverse): Tm holds the inverses of I + A's
+    diagonal blocks of B rows; each pair's lower-left B x B quadrant becomes -X_hi C X_lo."""
+    N: tl.constexpr = BT // B
+    ib = tl.arange(0, N)
+    diag = (ib[:, None] == ib[None, :])[:, :, None, None]
+    joins = ((ib[:, None] == ib[None, :] + 1) & (ib[:, None] % 2 == 1))[:, :, None, None]      # (2p + 1, 2p)
+    half = tl.arange(0, 2)[None, :, None, None]
+    X = tl.reshape(tl.sum(tl.where(diag, _blocks_of(Tm, N, B), 0.0), axis=1), (N // 2, 2, B, B))
+    C = tl.sum(tl.reshape(tl.sum(tl.where(joins, _blocks_of(A, N, B), 0.0), axis=1), (N // 2, 2, B, B)), axis=1)
+    X_lo = tl.sum(tl.where(half == 0, X, 0.0), axis=1)
+    X_hi = tl.sum(tl.where(half == 1, X, 0.0), axis=1)
+    L = tl.dot(tl.dot(X_hi, C, input_precision=PRECISION), X_lo, input_precision=PRECISION)       # [N / 2, B, B]
+    L = tl.reshape(tl.where(half == 1, L[:, None, :, :], 0.0), (N, B, B))                     # at row block 2p + 1
+    return Tm - tl.reshape(tl.permute(tl.where(joins, L[:, None, :, :], 0.0), (0, 2, 1, 3)), (BT, BT))
+
+
+@triton.jit
 def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PRECISION: tl.constexpr):
     """(I + A)^-1 for a strictly lower triangular A [BT, BT], by doubling: with X the inverse of
     I + A's diagonal blocks of b rows and C the entries of A that join them into blocks of 2b
     (highest differing index bit b), (X^-1 + C)^-1 = X - X C X exactly, since C X C = 0. Blocks
-    up to 16 rows grow inside the BT / 16 diagonal blocks of 16 (batched 16 x 16 products,
-    (16 / BT)^2 of the work of whole-tile ones), the larger ones on the whole tile."""
+    up to 16 rows grow inside the BT / 16 diagonal blocks of 16 (batched 16 x 16 products); past
+    16, X C X of each pair of b-blocks is one product chain on b x b blocks, its lower-left
+    quadrant -X_hi C X_lo (whole-tile products would do 8x the work at the last level)."""
     NB: tl.constexpr = BT // 16
     r16 = tl.arange(0, 16)
     x16 = r16[:, None] ^ r16[None, :]
     nb = tl.arange(0, NB)
     same_block = (nb[:, None] == nb[None, :])[:, :, None, None]                    # [NB, NB, 1, 1]
-    blocks = tl.permute(tl.reshape(A, (NB, 16, NB, 16)), (0, 2, 1, 3))            # [I, J, r, c]
-    D = tl.sum(tl.where(same_block, blocks, 0.0), axis=1)                          # A's diagonal blocks
+    D = tl.sum(tl.where(same_block, _blocks_of(A, NB, 16), 0.0), axis=1)          # A's diagonal blocks
     X = tl.where(x16 == 0, 1.0, 0.0)[None, :, :] + tl.zeros([NB, 16, 16], dtype=tl.float32)
     for step in range(4):
         C = tl.where((x16 >= (1 << step)) & (x16 < (2 << step)), D, 0.0)
         X -= tl.dot(tl.dot(X, C, input_precision=PRECISION), X, input_precision=PRECISION)
     Tm = tl.reshape(tl.permute(tl.where(same_block, X[:, None, :, :], 0.0), (0, 2, 1, 3)), (BT, BT))
-    rows = tl.arange(0, BT)[:, None]
-    cols = tl.arange(0, BT)[None, :]
-    for step in range(4, LOG2_BT):
-        C = tl.where(((rows ^ cols) >= (1 << step)) & ((rows ^ cols) < (2 << step)), A, 0.0)
-        Tm -= tl.dot(tl.dot(Tm, C, input_precision=PRECISION), Tm, input_precision=PRECISION)
+    for step in tl.static_range(4, LOG2_BT):
+        Tm = _join_blocks(Tm, A, BT, 1 << step, PRECISION)
     return Tm
 
 
@@ -260,6 +281,9 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
         to_end = tl.sum(tl.where(rows == BT - 1, seg, 0.0), axis=0)              # sum_{t > j} g_t
         kk = tl.math.div_rn(tl.math.div_rn(kk, k_norm[:, None]), k_norm[None, :])
         A = tl.where(cols < rows, beta[:, None] * kk * decay, 0.0)
+        # The masked scores now, so that qk and decay are not held through the inverse.
+        qk = tl.math.div_rn(tl.math.div_rn(qk, q_norm[:, None]), k_norm[None, :])
+        tl.store(aqk_ptr + (row * Hv + h)[:, None] * BT + cols, qk * decay * scale, mask=t_ok[:, None])
         Tm = _unit_lower_inverse(A, BT, LOG2_BT, PRECISION)
 
         # W = T diag(beta exp(G) / |k|) K and U = T diag(beta) V: the factors go to T's columns,
@@ -273,8 +297,6 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
             W = _dot(t_k, k, 2 if EXACT else 0, PRECISION)
             tl.store(w_ptr + (row * Hv + h)[:, None] * BK + offs_k[None, :], W,
                      mask=t_ok[:, None] & (offs_k < Dk)[None, :])
-        qk = tl.math.div_rn(tl.math.div_rn(qk, q_norm[:, None]), k_norm[None, :])
-        tl.store(aqk_ptr + (row * Hv + h)[:, None] * BT + cols, qk * decay * scale, mask=t_ok[:, None])
         tl.store(eg_ptr + row * Hv + h, tl.where(tok_bad, float("nan"), e_g), mask=t_ok)
         # The later kernels' row factors: o's q rows by scale exp(G) / |q|, k's by exp(to_end) / |k|.
         tl.store(qf_ptr + row * Hv + h, tl.math.div_rn(scale * e_g, q_norm), mask=t_ok)
@@ -533,15 +555,15 @@ def _power_of_two(name, value, lo, hi):
         raise ValueError(f"{name}: expected a power of two in [{lo}, {hi}], got {value!r}")
 
 
-def _block_v(n_programs, Dk, Dv, block_v):
-    """BV value columns a program: up to 64 (32 at Dk past 128: the state slice and the split
-    TF32 operands must fit a block's shared memory), halved on a GPU (down to 16) while the grid
-    would not cover its SMs twice (B * Hv small: the state pass is a chain of small dependent
-    products, and more programs hide more of its latency); given, any power of two in [16, 128]."""
+def _block_v(n_programs, Dv, block_v, widest):
+    """BV value columns a program of the state pass or the decode step: up to `widest`, halved on
+    a GPU (down to 16) while the grid would not cover its SMs twice (B * Hv small: the state pass
+    is a chain of small dependent products, and more programs hide more of its latency); given,
+    any power of two in [16, 128]."""
     if block_v is not None:
         _power_of_two("block_v", block_v, 16, 128)
         return block_v
-    bv = min(64 if Dk <= 128 else 32, max(16, triton.next_power_of_2(Dv)))
+    bv = min(widest, max(16, triton.next_power_of_2(Dv)))
     while not interpreting() and bv > 16 and n_programs * triton.cdiv(Dv, bv) < 2 * _SMS:
         bv //= 2
     return bv
@@ -554,6 +576,14 @@ def _state_warps(bk, bv):
     bench/repro_gdn_state_8warps.py keeps that kernel). 4 and 8 warps time the same here."""
     warps = _LAUNCH["state_warps"] or (4 if bk * bv <= 64 * 64 else 8)
     return 4 if bv < 32 else warps
+
+
+def _prepare_warps(bk):
+    """Warps of a prepare program: 8 from 64 key columns up (at 4 its [64, 64] fp32 tiles spilled,
+    bench/NOTES.md), else 4. Triton 3.6 miscompiled the 8-warp kernel at 16 key columns with 16-bit
+    inputs and 24 or 40 value columns: U came out off by a 16-bit rounding (H200; the GPU baseline
+    gate caught the final state's error growing 23-822x)."""
+    return _LAUNCH["prepare_warps"] or (8 if bk >= 64 else 4)
 
 
 def _check_cu(cu, B, T, device):
@@ -621,7 +651,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         return o, final
 
     bk = max(16, triton.next_power_of_2(Dk))
-    bv = _block_v(N * Hv, Dk, Dv, block_v)
+    # 32 value columns beat 64 at every row of the sweep, 16 beat 32 at B 1 (bench/NOTES.md).
+    bv = _block_v(N * Hv, Dv, block_v, widest=32)
     precision = "ieee" if interpreting() else GPU_PRECISION
     exact = v.dtype != torch.float32       # 16-bit inputs: TF32 holds them exactly (_dot)
     varlen = cu_seqlens is not None
@@ -656,9 +687,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         _GDN_PREPARE[variant][(chunks, N * Hv)](
             q, k, v, g, beta, cu, w, u, aqk, e_g, q_f, k_f, T, Hv, Hv // Hk, Dk, Dv, su, scale,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), int(varlen), int(use_qk_l2norm),
-            BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, 128),
+            BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, _LAUNCH["prepare_bkc"]),
             BV=min(64, max(16, triton.next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
-            num_warps=_LAUNCH["prepare_warps"] or 4)
+            num_warps=_prepare_warps(bk))
     _GDN_STATE[variant][(N * Hv, triton.cdiv(Dv, bv))](
         k, v, w, u, e_g, k_f, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
         *k.stride(), *v.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
@@ -705,7 +736,7 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
     if B * Hv == 0:
         return o
     bk = max(16, triton.next_power_of_2(Dk))
-    bv = _block_v(B * Hv, Dk, Dv, block_v)
+    bv = _block_v(B * Hv, Dv, block_v, widest=64 if Dk <= 128 else 32)   # the state tile fits registers
     _gdn_decode_kernel[(B * Hv, triton.cdiv(Dv, bv))](
         q, k, v, g, beta, state, o, Hv, Hv // Hk, Dk, Dv, scale,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), *state.stride(), *o.stride()[:2],
