@@ -30,6 +30,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fp8_matmul_fast_accum": ("harness.ops.fp8", FLOATS),   # fp8_matmul(..., fast_accum=True)
     "decoder": ("harness.ops.decoder", FLOATS),     # a whole Qwen2-style model (models/); the dtype is the model's
     "gated_delta_rule": ("harness.ops.gated_delta", FLOATS),
+    "moe_route": ("harness.ops.moe", FLOATS),       # the dtype is the logits'; moe_permute runs on its ids
 }
 
 

@@ -64,6 +64,21 @@ def GDN1(d, B=2, Hk=1, Hv=2, Dk=8, Dv=4, **kw):
 
 
 # (op, description, call(device), exception, the argument the message must start with)
+def ROUTE(d, T_=4, E=8, dtype=torch.float32, **kw):
+    """moe_route on small valid inputs (T 4, E 8, top_k 2), any argument replaced by kw."""
+    args = dict(logits=T(T_, E, dtype=dtype, device=d), top_k=2)
+    args.update(kw)
+    return kernels.moe_route(**args)
+
+
+def PERM(d, **kw):
+    """moe_permute on small valid inputs (4 tokens, top_k 2, 8 experts, block 4), any argument
+    replaced by kw."""
+    args = dict(topk_ids=torch.randint(0, 8, (4, 2), dtype=torch.int32, device=d), num_experts=8, block=4)
+    args.update(kw)
+    return kernels.moe_permute(**args)
+
+
 BAD = [
     # rmsnorm / layernorm / add_rmsnorm
     ("rmsnorm", "int input", lambda d: kernels.rmsnorm(torch.ones(2, 4, dtype=torch.int32, device=d), T(4, device=d)), TypeError, "x"),
@@ -357,6 +372,44 @@ BAD = [
     ("fp8_matmul", "block_k below 32", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), block_k=16), ValueError, "block_k"),
     ("fp8_matmul", "block_n not a power of two", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), block_n=48), ValueError, "block_n"),
     ("fp8_matmul", "group_m zero", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), F8(3, 4, device=d), S(device=d), S(device=d), group_m=0), ValueError, "group_m"),
+    # moe_route and moe_permute
+    ("moe_route", "logits int", lambda d: ROUTE(d, logits=torch.ones(4, 8, dtype=torch.int32, device=d)), TypeError, "logits"),
+    ("moe_route", "logits float64", lambda d: ROUTE(d, dtype=torch.float64), TypeError, "logits"),
+    ("moe_route", "logits 3-d", lambda d: ROUTE(d, logits=T(2, 4, 8, device=d)), ValueError, "logits"),
+    ("moe_route", "logits 1-d", lambda d: ROUTE(d, logits=T(8, device=d)), ValueError, "logits"),
+    ("moe_route", "no experts", lambda d: ROUTE(d, E=0, top_k=1), ValueError, "logits"),
+    ("moe_route", "too many experts", lambda d: ROUTE(d, E=1025, top_k=1), ValueError, "logits"),
+    ("moe_route", "logits not a tensor", lambda d: ROUTE(d, logits=[[1.0, 2.0]]), TypeError, "logits"),
+    ("moe_route", "top_k zero", lambda d: ROUTE(d, top_k=0), ValueError, "top_k"),
+    ("moe_route", "top_k past E", lambda d: ROUTE(d, top_k=9), ValueError, "top_k"),
+    ("moe_route", "top_k float", lambda d: ROUTE(d, top_k=2.0), TypeError, "top_k"),
+    ("moe_route", "top_k bool", lambda d: ROUTE(d, top_k=True), TypeError, "top_k"),
+    ("moe_route", "unknown scoring", lambda d: ROUTE(d, scoring="softplus"), ValueError, "scoring"),
+    ("moe_route", "bias length", lambda d: ROUTE(d, bias=T(7, device=d)), ValueError, "bias"),
+    ("moe_route", "bias 2-d", lambda d: ROUTE(d, bias=T(1, 8, device=d)), ValueError, "bias"),
+    ("moe_route", "bias int", lambda d: ROUTE(d, bias=torch.zeros(8, dtype=torch.int32, device=d)), TypeError, "bias"),
+    ("moe_route", "bias float64", lambda d: ROUTE(d, bias=T(8, dtype=torch.float64, device=d)), TypeError, "bias"),
+    ("moe_route", "bias device", lambda d: ROUTE(d, bias=torch.zeros(8, device="meta")), ValueError, "bias"),
+    ("moe_route", "renormalize not a bool", lambda d: ROUTE(d, renormalize=1), TypeError, "renormalize"),
+    ("moe_route", "scaling zero", lambda d: ROUTE(d, routed_scaling_factor=0.0), ValueError, "routed_scaling_factor"),
+    ("moe_route", "scaling NaN", lambda d: ROUTE(d, routed_scaling_factor=math.nan), ValueError, "routed_scaling_factor"),
+    ("moe_route", "scaling past fp32", lambda d: ROUTE(d, routed_scaling_factor=1e39), ValueError, "routed_scaling_factor"),
+    ("moe_route", "out_ids int64", lambda d: ROUTE(d, out_ids=torch.zeros(4, 2, dtype=torch.int64, device=d)), TypeError, "out_ids"),
+    ("moe_route", "out_ids shape", lambda d: ROUTE(d, out_ids=torch.zeros(4, 3, dtype=torch.int32, device=d)), ValueError, "out_ids"),
+    ("moe_route", "out_weights fp16", lambda d: ROUTE(d, out_weights=T(4, 2, dtype=torch.float16, device=d)), TypeError, "out_weights"),
+    ("moe_route", "out_weights strided", lambda d: ROUTE(d, out_weights=T(2, 4, device=d).t()), ValueError, "out_weights"),
+    ("moe_route", "permute ids float", lambda d: PERM(d, topk_ids=T(4, 2, device=d)), TypeError, "topk_ids"),
+    ("moe_route", "permute ids int16", lambda d: PERM(d, topk_ids=torch.zeros(4, 2, dtype=torch.int16, device=d)), TypeError, "topk_ids"),
+    ("moe_route", "permute ids 1-d", lambda d: PERM(d, topk_ids=torch.zeros(8, dtype=torch.int32, device=d)), ValueError, "topk_ids"),
+    ("moe_route", "permute num_experts zero", lambda d: PERM(d, num_experts=0), ValueError, "num_experts"),
+    ("moe_route", "permute num_experts float", lambda d: PERM(d, num_experts=8.0), TypeError, "num_experts"),
+    ("moe_route", "permute block 3", lambda d: PERM(d, block=3), ValueError, "block"),
+    ("moe_route", "permute block 0", lambda d: PERM(d, block=0), ValueError, "block"),
+    ("moe_route", "permute block bool", lambda d: PERM(d, block=True), TypeError, "block"),
+    ("moe_route", "permute past int32", lambda d: PERM(d, topk_ids=torch.zeros(1, 1, dtype=torch.int32, device=d).expand(2**20, 2**11)), ValueError, "topk_ids"),
+    ("moe_route", "permute out_sorted shape", lambda d: PERM(d, out_sorted=torch.zeros(5, dtype=torch.int32, device=d)), ValueError, "out_sorted"),
+    ("moe_route", "permute out_inv dtype", lambda d: PERM(d, out_inv=torch.zeros(8, dtype=torch.int64, device=d)), TypeError, "out_inv"),
+    ("moe_route", "permute out_num shape", lambda d: PERM(d, out_num=torch.zeros((), dtype=torch.int32, device=d)), ValueError, "out_num"),
 ]
 
 
@@ -401,6 +454,8 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("quantize_fp8", lambda d: kernels.quantize_fp8(T(3, 0, device=d), E5, "tensor")[0]),
     ("fp8_matmul", lambda d: kernels.fp8_matmul(F8(0, 8, device=d), F8(5, 8, device=d), S(device=d), S(5, device=d))),
     ("fp8_matmul", lambda d: kernels.fp8_matmul(F8(4, 8, device=d), F8(0, 8, device=d), S(4, 1, device=d), S(device=d))),
+    ("moe_route", lambda d: ROUTE(d, T_=0)[0]),
+    ("moe_route", lambda d: PERM(d, topk_ids=torch.zeros(0, 2, dtype=torch.int32, device=d))[3]),
 ])
 def test_empty_input_gives_empty_output(op, call, dev):
     y = call(dev)

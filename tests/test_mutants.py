@@ -561,6 +561,90 @@ SPECIFIC["gated_delta_rule"] = {
     "final_state_of_another_sequence": (dict(shape=(2, 4, 16, 12), lens="30,0,41"), lambda i, e: _gdn(i, final_roll=1)),
 }
 
+def _route(i, *, ties_high=False, nan_first=False, bias_in_weights=False, no_renorm=False, ascending_ids=False,
+           inf_rows_nan=False, key_without_bias=False):
+    """moe_route's ids and weights in float64 NumPy with pluggable bugs (selection by a Python
+    sort over (key, index) pairs)."""
+    x = f64(i["logits"])
+    T, E = x.shape
+    with np.errstate(all="ignore"):
+        if i["scoring"] == "sigmoid":
+            p = 1.0 / (1.0 + np.exp(-x))
+        else:
+            xm = np.where(np.isnan(x), -np.inf, x)
+            m = xm.max(-1, keepdims=True)
+            e = np.exp(xm - m)
+            if not inf_rows_nan:
+                e = np.where(np.isinf(m), (xm == m).astype(float), e)
+            p = e / e.sum(-1, keepdims=True)
+            p = np.where(np.isnan(x).any(-1, keepdims=True), np.nan, p)
+    bias = None if i["bias"] is None or key_without_bias else f64(i["bias"])
+    key = x if bias is None else (p.astype(np.float32) + bias.astype(np.float32)).astype(np.float64)
+    k = i["top_k"]
+    ids = np.zeros((T, k), dtype=np.int64)
+    for t in range(T):
+        def rank(j):
+            v = key[t, j]
+            nan = bool(np.isnan(v))
+            return ((0 if nan else 1) if not nan_first else (1 if nan else 0), -np.inf if nan else v,
+                    j if ties_high else -j)
+        chosen = sorted(range(E), key=rank, reverse=True)[:k]
+        ids[t] = sorted(chosen) if ascending_ids else chosen
+    w = np.take_along_axis(p, ids, -1)
+    if bias_in_weights and i["bias"] is not None:
+        w = w + f64(i["bias"])[ids]
+    if i["renormalize"] and not no_renorm:
+        total = w.sum(-1, keepdims=True)
+        with np.errstate(all="ignore"):
+            w = np.where(total == 0, 0.0, w / total)
+    return ids, w * i["routed_scaling_factor"]
+
+
+def _permute(ids, E, block, *, pad_extra=False, descending_within=False, sentinel=None, inv_shift=0):
+    """moe_permute in NumPy with pluggable bugs."""
+    flat = ids.reshape(-1)
+    n = flat.size
+    capacity = n + E * (block - 1)
+    fill = n if sentinel is None else sentinel
+    sorted_ids, blocks = [], []
+    for e in range(E):
+        mine = [j for j in range(n) if flat[j] == e]
+        if not mine:
+            continue
+        if descending_within:
+            mine = mine[::-1]
+        pad = -len(mine) % block + (block if pad_extra and len(mine) % block == 0 else 0)
+        sorted_ids += mine + [fill] * pad
+        blocks += [e] * ((len(mine) + pad) // block)
+    total = len(sorted_ids)
+    inv = np.full(n, -1)
+    for pos, j in enumerate(sorted_ids[:total]):
+        if j != fill:
+            inv[j] = pos + inv_shift
+    sorted_ids = (sorted_ids + [fill] * capacity)[:capacity]
+    blocks = (blocks + [-1] * capacity)[:-(-capacity // block)]
+    return [tensor(np.array(v, dtype=np.float64)) for v in (sorted_ids, blocks, [total], inv)]
+
+
+def _moe(i, route=None, **perm_bugs):
+    ids, w = _route(i, **(route or {}))
+    return (tensor(ids), tensor(w), *_permute(ids, i["logits"].shape[1], i["block"], **perm_bugs))
+
+
+SPECIFIC["moe_route"] = {
+    "ties_to_the_higher_index": (dict(ties=True), lambda i, e: _moe(i, dict(ties_high=True))),
+    "nan_ranked_first": (dict(values="nonfinite", shape=(24, 64)), lambda i, e: _moe(i, dict(nan_first=True))),
+    "inf_rows_nan_as_torch_softmax": (dict(values="nonfinite", shape=(24, 64)), lambda i, e: _moe(i, dict(inf_rows_nan=True))),
+    "bias_in_the_weights": (dict(scoring="sigmoid", bias="normal"), lambda i, e: _moe(i, dict(bias_in_weights=True))),
+    "bias_ignored_in_selection": (dict(scoring="sigmoid", bias="normal"), lambda i, e: _moe(i, dict(key_without_bias=True))),
+    "renorm_missing": ({}, lambda i, e: _moe(i, dict(no_renorm=True))),
+    "ids_by_index_not_by_score": ({}, lambda i, e: _moe(i, dict(ascending_ids=True))),
+    "padding_one_block_too_many": (dict(top_k=4, block=2), lambda i, e: _moe(i, pad_extra=True)),
+    "unstable_order_within_an_expert": ({}, lambda i, e: _moe(i, descending_within=True)),
+    "padding_sentinel_minus_one": ({}, lambda i, e: _moe(i, sentinel=-1)),
+    "inverse_map_off_by_one": ({}, lambda i, e: _moe(i, inv_shift=1)),
+}
+
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
@@ -570,7 +654,8 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "quantize_fp8": (6, 40), "fp8_matmul": (24, 24, 40),     # fp8_matmul: M = N, for the row/column mutant
         "fp8_matmul_fast_accum": (24, 24, 40),
         "decoder": (1, 32, 4, 2, 8, 64, 96),                    # 1 layer, GQA 4/2 (the head map shows), D 8
-        "gated_delta_rule": (2, 70, 2, 4, 16, 12)}              # Hv / Hk 2 with Hk 2 (the head map shows), 2 chunks
+        "gated_delta_rule": (2, 70, 2, 4, 16, 12),              # Hv / Hk 2 with Hk 2 (the head map shows), 2 chunks
+        "moe_route": (24, 8)}                                   # 72 entries over 8 experts, blocks of 4
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                "mla_decode": dict(lens="24,20,1", num_splits=2),   # Tq 2: the first row of lens 1 sees nothing
@@ -582,7 +667,8 @@ BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsno
                "fp8_matmul_fast_accum": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True),
                "decoder": dict(lens="6,3", steps=2, tied=False),
                # slow decay: the state carries far enough for a wrong update order to show
-               "gated_delta_rule": dict(gate="slow", beta="uniform", init=True, l2norm=True)}
+               "gated_delta_rule": dict(gate="slow", beta="uniform", init=True, l2norm=True),
+               "moe_route": dict(top_k=3, block=4, renorm=True, scaling=2.5)}
 
 
 _CONTROLS: dict = {}

@@ -1,0 +1,271 @@
+"""Mixture of Experts routing: top-k expert selection (moe_route) and the token permutation that
+groups the chosen entries by expert for a grouped GEMM (moe_permute).
+
+The contract is docs/NUMERICS.md, "Mixture of Experts: routing". In short:
+
+moe_route: scores are softmax or sigmoid of the logits, computed in float64 and rounded once.
+The selection key is the logit itself (no bias), or fl32(fl32(score) + bias): both are exact
+functions of the inputs, so the chosen ids can be compared exactly. Keys are mapped to integers
+that order like the floats (NaN below -inf), with the complement of the expert index in the low
+bits, so one integer max per step picks the largest key and, among equal keys, the lowest index.
+
+moe_permute: per chunk of entries a histogram over experts (count kernel), an exclusive scan of
+each expert's counts over the chunks (scan kernel), the sentinel fill and block -> expert map
+(fill kernel), and a stable scatter by rank inside the chunk (scatter kernel: a cumulative sum
+over a one-hot tile). No atomics, so the output is a deterministic function of the ids.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import FLOAT_DTYPES, allocate, check_finite, check_same_device, check_tensor, new_out
+
+MAX_EXPERTS = 1024
+SCORINGS = ("softmax", "sigmoid")
+_LOW_BITS = 1 << 20            # the expert index's room in the integer key (>= MAX_EXPERTS)
+_INT32_MAX = 2**31 - 1
+
+
+@triton.jit
+def _route_kernel(x_ptr, bias_ptr, ids_ptr, w_ptr, T, E, xs0, xs1, bs0, scaling,
+                  TOP_K: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
+                  BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_E)
+    row_ok = rows < T
+    col_ok = cols < E
+    ok = row_ok[:, None] & col_ok[None, :]
+    raw = tl.load(x_ptr + rows[:, None] * xs0 + cols[None, :].to(tl.int64) * xs1, mask=ok, other=0.0)
+    x32 = raw.to(tl.float32)                 # exact: fp16 / bf16 / fp32 values are fp32 values
+    x = x32.to(tl.float64)
+    is_nan = x != x
+    if SIGMOID:
+        s = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        xm = tl.where(ok & ~is_nan, x, -float("inf"))
+        m = tl.max(xm, axis=1)
+        row_nan = tl.max((is_nan & ok).to(tl.int32), axis=1) > 0
+        inf_max = (m == float("inf")) | (m == -float("inf"))
+        # An infinite max: the entries equal to it share the mass (an all -inf row is uniform).
+        shift = tl.where(inf_max, 0.0, m)[:, None]
+        e = tl.where(inf_max[:, None], tl.where(xm == m[:, None], 1.0, 0.0), tl.exp(xm - shift))
+        e = tl.where(ok, e, 0.0)
+        total = tl.where(row_ok, tl.sum(e, axis=1), 1.0)          # rows past T: no 0 / 0
+        s = e / total[:, None]
+        s = tl.where(row_nan[:, None], float("nan"), s)
+
+    if HAS_BIAS:
+        b = tl.load(bias_ptr + cols.to(tl.int64) * bs0, mask=col_ok, other=0.0).to(tl.float32)
+        key = s.to(tl.float32) + b[None, :]
+    else:
+        key = x32
+    key = tl.where(key == 0.0, 0.0, key)                         # -0 and +0 tie
+    bits = key.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)        # orders like the floats
+    ordered = tl.where(key != key, -2147483647, ordered)         # NaN below -inf
+    comp = ordered.to(tl.int64) * 1048576 + (BLOCK_E - 1 - cols)[None, :]
+    gone = -4611686018427387904                                  # -2^62: padding and taken experts
+    comp = tl.where(ok, comp, gone)
+
+    kcols = tl.arange(0, BLOCK_K)
+    ids = tl.zeros([BLOCK_T, BLOCK_K], tl.int32)
+    w = tl.zeros([BLOCK_T, BLOCK_K], tl.float64)
+    for k in range(TOP_K):
+        best = tl.max(comp, axis=1)
+        col = (BLOCK_E - 1) - (best & 1048575).to(tl.int32)
+        hit = cols[None, :] == col[:, None]
+        score = tl.sum(tl.where(hit, s, 0.0), axis=1)
+        here = kcols[None, :] == k
+        ids = tl.where(here, col[:, None], ids)
+        w = tl.where(here, score[:, None], w)
+        comp = tl.where(hit, gone, comp)
+    if RENORM:
+        total = tl.sum(w, axis=1)[:, None]
+        w = tl.where(total == 0.0, 0.0, w / total)
+    w = w * scaling           # an fp32 value (the launcher rounds it), widened
+    out = rows[:, None] * TOP_K + kcols[None, :]
+    keep = row_ok[:, None] & (kcols[None, :] < TOP_K)
+    tl.store(ids_ptr + out, ids, mask=keep)
+    tl.store(w_ptr + out, w.to(tl.float32), mask=keep)
+
+
+def moe_route(logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", bias: torch.Tensor | None = None,
+              renormalize: bool = False, routed_scaling_factor: float = 1.0,
+              out_ids: torch.Tensor | None = None, out_weights: torch.Tensor | None = None):
+    """Each token's `top_k` experts (int32 [T, top_k], by selection key, ties to the lower index)
+    and their weights (fp32 [T, top_k]); docs/NUMERICS.md, "Mixture of Experts: routing"."""
+    check_tensor("logits", logits, ndim=2)
+    T, E = logits.shape
+    if not 1 <= E <= MAX_EXPERTS:
+        raise ValueError(f"logits: expected 1 to {MAX_EXPERTS} experts (dim 1), got shape {tuple(logits.shape)}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
+    if not 1 <= top_k <= E:
+        raise ValueError(f"top_k: expected 1 <= top_k <= E = {E}, got {top_k}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring: expected one of {', '.join(SCORINGS)}, got {scoring!r}")
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=FLOAT_DTYPES, ndim=1)
+        if bias.shape[0] != E:
+            raise ValueError(f"bias: expected shape ({E},) (one per expert), got {tuple(bias.shape)}")
+        check_same_device(logits=logits, bias=bias)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize: expected a bool, got {type(renormalize).__name__}")
+    scaling = check_finite("routed_scaling_factor", routed_scaling_factor, positive=True)
+    if not 1e-30 <= scaling <= 1e30:
+        raise ValueError(f"routed_scaling_factor: expected a number in [1e-30, 1e30] (it is used as an fp32), "
+                         f"got {scaling}")
+    scaling = float(torch.tensor(scaling, dtype=torch.float32))     # used as its fp32 value
+    out_ids = new_out(out_ids, (T, top_k), torch.int32, logits.device, "out_ids")
+    out_weights = new_out(out_weights, (T, top_k), torch.float32, logits.device, "out_weights")
+    if T == 0:
+        return out_ids, out_weights
+    block_e = triton.next_power_of_2(E)
+    block_t = max(1, min(16, 1024 // block_e))
+    _route_kernel[(triton.cdiv(T, block_t),)](
+        logits, bias if bias is not None else logits, out_ids, out_weights, T, E, logits.stride(0), logits.stride(1),
+        bias.stride(0) if bias is not None else 0, scaling,
+        TOP_K=top_k, SIGMOID=scoring == "sigmoid", HAS_BIAS=bias is not None, RENORM=renormalize,
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k))
+    return out_ids, out_weights
+
+
+# ---------------------------------------------------------------------------------------------
+# moe_permute
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _chunk_onehot(ids_ptr, c, N, K, s0, s1, E, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Chunk c's entries j, whether each is a placed entry (an id in [0, E)), and their one-hot
+    rows over the experts."""
+    j = c.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    valid = j < N
+    e = tl.load(ids_ptr + (j // K) * s0 + (j % K) * s1, mask=valid, other=-1).to(tl.int64)
+    placed = valid & (e >= 0) & (e < E)
+    experts = tl.arange(0, BLOCK_E)
+    onehot = (e[:, None] == experts[None, :]) & placed[:, None]
+    return j, valid, placed, onehot
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, N, K, s0, s1, E, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+    c = tl.program_id(0)
+    _, _, _, onehot = _chunk_onehot(ids_ptr, c, N, K, s0, s1, E, BLOCK_N, BLOCK_E)
+    experts = tl.arange(0, BLOCK_E)
+    tl.store(counts_ptr + c.to(tl.int64) * E + experts, tl.sum(onehot.to(tl.int32), axis=0), mask=experts < E)
+
+
+@triton.jit
+def _scan_kernel(counts_ptr, totals_ptr, n_chunks, E, BLOCK_C: tl.constexpr, BLOCK_X: tl.constexpr):
+    """For a block of experts: each chunk's count becomes the exclusive sum of the earlier chunks'
+    (in place), and totals[e] the expert's count."""
+    experts = tl.program_id(0) * BLOCK_X + tl.arange(0, BLOCK_X)
+    ex_ok = experts < E
+    carry = tl.zeros([BLOCK_X], tl.int32)
+    for start in range(0, n_chunks, BLOCK_C):
+        chunks = start + tl.arange(0, BLOCK_C)
+        ptrs = counts_ptr + chunks[:, None].to(tl.int64) * E + experts[None, :]
+        mask = (chunks < n_chunks)[:, None] & ex_ok[None, :]
+        cnt = tl.load(ptrs, mask=mask, other=0)
+        inclusive = tl.cumsum(cnt, axis=0)
+        tl.store(ptrs, inclusive - cnt + carry[None, :], mask=mask)
+        carry += tl.sum(cnt, axis=0)
+    tl.store(totals_ptr + experts, carry, mask=ex_ok)
+
+
+@triton.jit
+def _segments(totals_ptr, E, block, BLOCK_E: tl.constexpr):
+    """Each expert's segment start and end in sorted_ids, and the padded length."""
+    experts = tl.arange(0, BLOCK_E)
+    tot = tl.load(totals_ptr + experts, mask=experts < E, other=0)
+    padded = (tot + block - 1) // block * block
+    ends = tl.cumsum(padded, axis=0)
+    return ends - padded, ends, tl.sum(padded, axis=0)
+
+
+@triton.jit
+def _fill_kernel(totals_ptr, sorted_ptr, block_expert_ptr, num_ptr, capacity, n_blocks, sentinel, E, block,
+                 BLOCK_F: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_E: tl.constexpr):
+    pid = tl.program_id(0)
+    _, ends, num = _segments(totals_ptr, E, block, BLOCK_E)
+    slots = pid.to(tl.int64) * BLOCK_F + tl.arange(0, BLOCK_F)
+    tl.store(sorted_ptr + slots, tl.full([BLOCK_F], 0, tl.int32) + sentinel, mask=slots < capacity)
+    blocks = pid.to(tl.int64) * BLOCK_J + tl.arange(0, BLOCK_J)
+    first = blocks * block                          # a block's first slot
+    experts = tl.arange(0, BLOCK_E)
+    # The block's expert: how many segments end at or before its first slot.
+    owner = tl.sum(((ends[None, :] <= first[:, None]) & (experts < E)[None, :]).to(tl.int32), axis=1)
+    owner = tl.where(first < num, owner, -1)
+    tl.store(block_expert_ptr + blocks, owner, mask=blocks < n_blocks)
+    tl.store(num_ptr, num, mask=pid == 0)
+
+
+@triton.jit
+def _scatter_kernel(ids_ptr, counts_ptr, totals_ptr, sorted_ptr, inv_ptr, N, K, s0, s1, E, block,
+                    BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+    c = tl.program_id(0)
+    starts, _, _ = _segments(totals_ptr, E, block, BLOCK_E)
+    j, valid, placed, onehot = _chunk_onehot(ids_ptr, c, N, K, s0, s1, E, BLOCK_N, BLOCK_E)
+    experts = tl.arange(0, BLOCK_E)
+    before = tl.load(counts_ptr + c.to(tl.int64) * E + experts, mask=experts < E, other=0)   # earlier chunks'
+    base = starts + before
+    hot = onehot.to(tl.int32)
+    rank = tl.sum(tl.cumsum(hot, axis=0) * hot, axis=1) - 1           # earlier entries of its expert, this chunk
+    pos = tl.sum(base[None, :] * hot, axis=1) + rank
+    tl.store(sorted_ptr + pos, j.to(tl.int32), mask=placed)
+    tl.store(inv_ptr + j, tl.where(placed, pos, -1), mask=valid)
+
+
+def permute_capacity(n_entries: int, num_experts: int, block: int) -> int:
+    """The length of sorted_ids: the padded length's bound T k + E (block - 1)."""
+    return n_entries + num_experts * (block - 1)
+
+
+def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sorted: torch.Tensor | None = None,
+                out_block_expert: torch.Tensor | None = None, out_num: torch.Tensor | None = None,
+                out_inv: torch.Tensor | None = None):
+    """The entries of topk_ids[T, k] grouped by expert, each expert's segment padded to `block`:
+    (sorted_ids, block_expert, num_padded, inv), int32; docs/NUMERICS.md."""
+    check_tensor("topk_ids", topk_ids, dtypes=(torch.int32, torch.int64), ndim=2)
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int):
+        raise TypeError(f"num_experts: expected an int, got {type(num_experts).__name__}")
+    if not 1 <= num_experts <= MAX_EXPERTS:
+        raise ValueError(f"num_experts: expected 1 to {MAX_EXPERTS}, got {num_experts}")
+    if isinstance(block, bool) or not isinstance(block, int):
+        raise TypeError(f"block: expected an int, got {type(block).__name__}")
+    if block < 1 or block & (block - 1) or block > 4096:
+        raise ValueError(f"block: expected a power of two from 1 to 4096, got {block}")
+    T, K = topk_ids.shape
+    N = T * K
+    capacity = permute_capacity(N, num_experts, block)
+    if capacity >= _INT32_MAX:
+        raise ValueError(f"topk_ids: {N} entries with {num_experts} experts and block {block} need "
+                         f"{capacity} slots, past int32")
+    n_blocks = triton.cdiv(capacity, block)
+    dev = topk_ids.device
+    out_sorted = new_out(out_sorted, (capacity,), torch.int32, dev, "out_sorted")
+    out_block_expert = new_out(out_block_expert, (n_blocks,), torch.int32, dev, "out_block_expert")
+    out_num = new_out(out_num, (1,), torch.int32, dev, "out_num")
+    out_inv = new_out(out_inv, (N,), torch.int32, dev, "out_inv")
+    E = num_experts
+    block_e = triton.next_power_of_2(E)
+    block_n = max(16, min(1024, 8192 // block_e))
+    n_chunks = triton.cdiv(N, block_n)
+    counts = allocate((max(n_chunks, 1), E), torch.int32, dev, name="counts")
+    totals = allocate((E,), torch.int32, dev, name="totals", zero=True)
+    s0, s1 = topk_ids.stride()
+    if n_chunks:
+        _count_kernel[(n_chunks,)](topk_ids, counts, N, K, s0, s1, E, BLOCK_N=block_n, BLOCK_E=block_e)
+        block_x = min(32, block_e)
+        _scan_kernel[(triton.cdiv(E, block_x),)](counts, totals, n_chunks, E, BLOCK_C=64, BLOCK_X=block_x)
+    block_f = 1024
+    block_j = max(1, min(256, 4096 // block_e))
+    grid = max(triton.cdiv(capacity, block_f), triton.cdiv(n_blocks, block_j), 1)
+    _fill_kernel[(grid,)](totals, out_sorted, out_block_expert, out_num, capacity, n_blocks, N, E, block,
+                          BLOCK_F=block_f, BLOCK_J=block_j, BLOCK_E=block_e)
+    if n_chunks:
+        _scatter_kernel[(n_chunks,)](topk_ids, counts, totals, out_sorted, out_inv, N, K, s0, s1, E, block,
+                                     BLOCK_N=block_n, BLOCK_E=block_e)
+    return out_sorted, out_block_expert, out_num, out_inv

@@ -1,0 +1,71 @@
+"""MoE routing in float64 from the definition (docs/NUMERICS.md, "Mixture of Experts: routing"):
+scores by the textbook formulas, each row's order by a stable sort of its keys, the permutation
+expert by expert from nonzero(). Nothing here follows the kernels' top-k loop or scans."""
+import math
+
+import torch
+
+from oracles._torch import f64, one_thread
+
+
+def scores(logits, scoring):
+    """float64 softmax or sigmoid scores of the logits, with the contract's rules for NaN and
+    infinite maxima."""
+    x = f64(logits)
+    if scoring == "sigmoid":
+        return 1.0 / (1.0 + torch.exp(-x))
+    nan_row = torch.isnan(x).any(-1, keepdim=True)
+    finite_or_inf = torch.where(torch.isnan(x), -math.inf, x)
+    m = finite_or_inf.amax(-1, keepdim=True) if x.shape[-1] else finite_or_inf
+    e = torch.exp(finite_or_inf - m)
+    at_max = (finite_or_inf == m).double()
+    e = torch.where(torch.isinf(m), at_max, e)         # an infinite max: those entries share the mass
+    p = e / e.sum(-1, keepdim=True)
+    return torch.where(nan_row, math.nan, p)
+
+
+@one_thread
+def moe_route(logits, top_k, scoring="softmax", bias=None, renormalize=False, routed_scaling_factor=1.0):
+    p = scores(logits, scoring)
+    if bias is None:
+        key = f64(logits)
+    else:
+        key = (p.float() + bias.float()).double()        # fl32(fl32(p) + bias): one fp32 rounding each
+    # Largest key first, ties to the lower index (a stable sort); then NaN keys moved last,
+    # keeping their index order (a second stable sort on the NaN flag alone).
+    key = key + 0.0          # -0 -> +0: equal keys (a GPU radix sort would otherwise split them)
+    order = torch.sort(torch.nan_to_num(key, nan=-math.inf), dim=-1, descending=True, stable=True).indices
+    nan_flag = torch.isnan(key).gather(-1, order).to(torch.int8)
+    order = order.gather(-1, torch.sort(nan_flag, dim=-1, stable=True).indices)
+    ids = order[:, :top_k]
+    w = p.gather(-1, ids)
+    if renormalize:
+        total = w.sum(-1, keepdim=True)
+        w = torch.where(total == 0, 0.0, w / total)
+    scale = float(torch.tensor(routed_scaling_factor, dtype=torch.float32))    # used as its fp32 value
+    return ids.double(), w * scale
+
+
+@one_thread
+def moe_permute(topk_ids, num_experts, block):
+    flat = topk_ids.reshape(-1).long().cpu()
+    n = flat.numel()
+    capacity = n + num_experts * (block - 1)
+    sorted_ids, block_expert = [], []
+    for e in range(num_experts):
+        mine = (flat == e).nonzero().reshape(-1).tolist()            # ascending entry order
+        if not mine:
+            continue
+        pad = -len(mine) % block
+        sorted_ids += mine + [n] * pad
+        block_expert += [e] * ((len(mine) + pad) // block)
+    total = len(sorted_ids)
+    inv = [-1] * n
+    for pos, j in enumerate(sorted_ids):
+        if j != n:
+            inv[j] = pos
+    sorted_ids += [n] * (capacity - total)
+    block_expert += [-1] * (-(-capacity // block) - len(block_expert))
+    dev = topk_ids.device
+    as64 = lambda v: torch.tensor(v, dtype=torch.float64).reshape(-1).to(dev)  # noqa: E731
+    return as64(sorted_ids), as64(block_expert), as64([total]), as64(inv)
