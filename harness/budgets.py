@@ -14,7 +14,7 @@ Layout of the file:
     rtol = 1.2e-2
     reason = "why this backend differs"
 
-    [fp8_matmul.bfloat16.sqnr]     # optional, FP8 ops: SQNR floors in dB per fp8 format
+    [fp8_matmul.bfloat16.sqnr]     # optional, FP8 / MXFP4 ops: SQNR floors in dB per format
     e4m3fn = 25.0                  # end to end (quantize + op) against the unquantized float64
     e5m2 = 19.0                    # result; a backend override keeps them
     reason = "measured how"
@@ -57,7 +57,7 @@ OP_KEYS = ("baseline_growth",)                       # keys an [op] table may ho
 DEFAULT_GROWTH = 2.0
 DEFAULT_FLOOR = 0.01
 SQNR_TABLE = "sqnr"
-SQNR_FORMATS = ("e4m3fn", "e5m2")
+SQNR_FORMATS = ("e4m3fn", "e5m2", "e2m1")   # e2m1: MXFP4's elements
 
 
 class BudgetError(ValueError):

@@ -84,10 +84,8 @@ def _expected_at_overflow(o: torch.Tensor, y: torch.Tensor, allowed: torch.Tenso
     both the largest finite value and the infinity are right there; a band that reaches the other
     sign's edge (dot products that cancel, fp16 swiglu on the H200: oracle 35330 within a band of
     ~1e10, kernel -inf) admits that infinity too."""
-    if not dtype.is_floating_point:         # integers (ids, indices): nothing overflows into an infinity
-        return o
-    if math.isfinite(torch.tensor(math.inf).to(dtype).item()):      # no infinities (e4m3fn): as computed
-        return o
+    if not dtype.is_floating_point or math.isfinite(torch.tensor(math.inf).to(dtype).item()):
+        return o            # integers (MXFP4's codes and scales) or no infinities (e4m3fn): as computed
     info = torch.finfo(dtype)
     big = float(info.max)
     edge = big + 2.0 ** math.floor(math.log2(big)) * float(info.eps) / 2
@@ -132,6 +130,7 @@ def compare(output: str, got: torch.Tensor, expected: torch.Tensor, budget: Budg
     usage_elem = torch.where(err > 0, err / allowed, torch.zeros_like(err))  # err/0 -> inf, as it should
     usage_elem = torch.nan_to_num(usage_elem, nan=math.inf)                   # a NaN allowance never passes
     max_abs = _f(err.max()) if n else 0.0
+    # Integer outputs (codes, scale bytes) are judged as numbers, relative to at least 1.
     floor = max(budget.atol, torch.finfo(got.dtype).smallest_normal if got.dtype.is_floating_point else 1.0)
     max_rel = _f(torch.where(both, err / o.abs().clamp_min(floor), 0.0).max()) if n else 0.0
     norm_o = float(torch.linalg.vector_norm(torch.where(both, o, 0.0)))

@@ -120,6 +120,14 @@ GAPS = (
                "infinities and NaNs as +-65536 ... +-114688; every other code, subnormals included, is exact",
         link="triton/runtime/interpreter.py, create_fp_to_fp -> _convert_float (Triton 3.9)",
         ops=("fp8_matmul",), configs=("native_upcast",)),
+    # Triton's fp32 -> bf16 conversion, which dequantize_mxfp4 does not use (it drops the low
+    # 16 bits of values that have none): tests/test_mxfp4.py runs it on the decoded fp32
+    # subnormals so the defect stays on record, and so a GPU run checks the hardware conversion.
+    Gap(id="interp-bf16-subnormal-store", backend="interpreter",
+        reason="the interpreter's fp32 -> bf16 x.to(tl.bfloat16) loses fp32 subnormals that bf16 holds exactly "
+               "(2^-128 and 2^-127 -> 0, 3 x 2^-128 -> 2^-127); exact on the GPU",
+        link="triton/runtime/interpreter.py, _convert_float (Triton 3.9)",
+        ops=("dequantize_mxfp4",), configs=("native_bf16_cast",)),
     # tests/test_cpu_independence.py runs the catalogue under two OpenBLAS core types and compares
     # the verdicts: that is the interpreter's tl.dot (NumPy's matmul). A GPU's kernels never go
     # through NumPy's BLAS, so there the test has nothing to vary (it fails at once, as declared).

@@ -28,6 +28,8 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "quantize_fp8": ("harness.ops.fp8", FLOATS),    # the dtype is x's; the fp8 format is a case param
     "fp8_matmul": ("harness.ops.fp8", FLOATS),      # the dtype is the output's
     "fp8_matmul_fast_accum": ("harness.ops.fp8", FLOATS),   # fp8_matmul(..., fast_accum=True)
+    "quantize_mxfp4": ("harness.ops.mxfp4", FLOATS),  # the dtype is x's; outputs: uint8 codes and e8m0 scales
+    "dequantize_mxfp4": ("harness.ops.mxfp4", FLOATS),  # the dtype is the output's
     "decoder": ("harness.ops.decoder", FLOATS),     # a whole Qwen2-style model (models/); the dtype is the model's
     "gated_delta_rule": ("harness.ops.gated_delta", FLOATS),
     "moe_route": ("harness.ops.moe", FLOATS),       # the dtype is the logits'; moe_permute runs on its ids

@@ -27,6 +27,10 @@ def F8(*shape, dtype=E4, device="cpu"):
     return torch.randn(*shape).to(dtype).to(device)
 
 
+def U8(*shape, device="cpu"):
+    return torch.zeros(shape, dtype=torch.uint8, device=device)
+
+
 def S(*shape, device="cpu", dtype=torch.float32):
     """Scales: S() is a 0-d one (per tensor)."""
     return torch.ones(shape, dtype=dtype, device=device)
@@ -347,6 +351,29 @@ BAD = [
     ("quantize_fp8", "scale_out shape", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, "row", scale_out=S(2, device=d)), ValueError, "scale_out"),
     ("quantize_fp8", "scale_out dtype", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, scale_out=S(device=d, dtype=torch.float16)), TypeError, "scale_out"),
     ("quantize_fp8", "block_cols not a power of two", lambda d: kernels.quantize_fp8(T(2, 4, device=d), E4, block_cols=24), ValueError, "block_cols"),
+    # quantize_mxfp4 / dequantize_mxfp4
+    ("quantize_mxfp4", "int input", lambda d: kernels.quantize_mxfp4(torch.ones(2, 32, dtype=torch.int32, device=d)), TypeError, "x"),
+    ("quantize_mxfp4", "float64 input", lambda d: kernels.quantize_mxfp4(T(2, 32, dtype=torch.float64, device=d)), TypeError, "x"),
+    ("quantize_mxfp4", "0-d input", lambda d: kernels.quantize_mxfp4(torch.tensor(1.0, device=d)), ValueError, "x"),
+    ("quantize_mxfp4", "K not a multiple of 32", lambda d: kernels.quantize_mxfp4(T(2, 48, device=d)), ValueError, "x"),
+    ("quantize_mxfp4", "out shape", lambda d: kernels.quantize_mxfp4(T(2, 64, device=d), out=U8(2, 64, device=d)), ValueError, "out"),
+    ("quantize_mxfp4", "out dtype", lambda d: kernels.quantize_mxfp4(T(2, 64, device=d), out=torch.zeros(2, 32, dtype=torch.int8, device=d)), TypeError, "out"),
+    ("quantize_mxfp4", "scales_out shape", lambda d: kernels.quantize_mxfp4(T(2, 64, device=d), scales_out=U8(2, 1, device=d)), ValueError, "scales_out"),
+    ("quantize_mxfp4", "scales_out dtype", lambda d: kernels.quantize_mxfp4(T(2, 64, device=d), scales_out=T(2, 2, device=d)), TypeError, "scales_out"),
+    ("quantize_mxfp4", "out device", lambda d: kernels.quantize_mxfp4(T(2, 64, device=d), out=torch.zeros(2, 32, dtype=torch.uint8, device="meta")), ValueError, "out"),
+    ("quantize_mxfp4", "block_k below 32", lambda d: kernels.quantize_mxfp4(T(2, 64, device=d), block_k=16), ValueError, "block_k"),
+    ("quantize_mxfp4", "block_m not a power of two", lambda d: kernels.quantize_mxfp4(T(2, 64, device=d), block_m=3), ValueError, "block_m"),
+    ("dequantize_mxfp4", "codes not uint8", lambda d: kernels.dequantize_mxfp4(torch.zeros(2, 16, dtype=torch.int8, device=d), U8(2, 1, device=d)), TypeError, "codes"),
+    ("dequantize_mxfp4", "codes float", lambda d: kernels.dequantize_mxfp4(T(2, 16, device=d), U8(2, 1, device=d)), TypeError, "codes"),
+    ("dequantize_mxfp4", "scales not uint8", lambda d: kernels.dequantize_mxfp4(U8(2, 16, device=d), T(2, 1, device=d)), TypeError, "scales"),
+    ("dequantize_mxfp4", "codes width not K / 2", lambda d: kernels.dequantize_mxfp4(U8(2, 24, device=d), U8(2, 1, device=d)), ValueError, "codes"),
+    ("dequantize_mxfp4", "scales shape", lambda d: kernels.dequantize_mxfp4(U8(2, 32, device=d), U8(2, 1, device=d)), ValueError, "scales"),
+    ("dequantize_mxfp4", "scales of other rows", lambda d: kernels.dequantize_mxfp4(U8(2, 16, device=d), U8(3, 1, device=d)), ValueError, "scales"),
+    ("dequantize_mxfp4", "dtype float64", lambda d: kernels.dequantize_mxfp4(U8(2, 16, device=d), U8(2, 1, device=d), torch.float64), TypeError, "dtype"),
+    ("dequantize_mxfp4", "dtype a string", lambda d: kernels.dequantize_mxfp4(U8(2, 16, device=d), U8(2, 1, device=d), "bfloat16"), TypeError, "dtype"),
+    ("dequantize_mxfp4", "scales device", lambda d: kernels.dequantize_mxfp4(U8(2, 16, device=d), torch.zeros(2, 1, dtype=torch.uint8, device="meta")), ValueError, "scales"),
+    ("dequantize_mxfp4", "out dtype", lambda d: kernels.dequantize_mxfp4(U8(2, 16, device=d), U8(2, 1, device=d), torch.float32, out=T(2, 32, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("dequantize_mxfp4", "out shape", lambda d: kernels.dequantize_mxfp4(U8(2, 16, device=d), U8(2, 1, device=d), out=T(2, 16, dtype=torch.bfloat16, device=d)), ValueError, "out"),
     # fp8_matmul
     ("fp8_matmul", "a8 not fp8", lambda d: kernels.fp8_matmul(T(2, 4, dtype=torch.float16, device=d), F8(3, 4, device=d), S(device=d), S(device=d)), TypeError, "a8"),
     ("fp8_matmul", "b8 not fp8", lambda d: kernels.fp8_matmul(F8(2, 4, device=d), T(3, 4, dtype=torch.bfloat16, device=d), S(device=d), S(device=d)), TypeError, "b8"),
@@ -452,6 +479,10 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("swiglu", lambda d: kernels.swiglu(T(2, 0, 8, device=d), T(5, 8, device=d), T(5, 8, device=d))),
     ("quantize_fp8", lambda d: kernels.quantize_fp8(T(0, 8, device=d), E4, "row")[0]),
     ("quantize_fp8", lambda d: kernels.quantize_fp8(T(3, 0, device=d), E5, "tensor")[0]),
+    ("quantize_mxfp4", lambda d: kernels.quantize_mxfp4(T(0, 64, device=d))[0]),
+    ("quantize_mxfp4", lambda d: kernels.quantize_mxfp4(T(3, 0, device=d))[1]),
+    ("dequantize_mxfp4", lambda d: kernels.dequantize_mxfp4(U8(0, 16, device=d), U8(0, 1, device=d))),
+    ("dequantize_mxfp4", lambda d: kernels.dequantize_mxfp4(U8(3, 0, device=d), U8(3, 0, device=d))),
     ("fp8_matmul", lambda d: kernels.fp8_matmul(F8(0, 8, device=d), F8(5, 8, device=d), S(device=d), S(5, device=d))),
     ("fp8_matmul", lambda d: kernels.fp8_matmul(F8(4, 8, device=d), F8(0, 8, device=d), S(4, 1, device=d), S(device=d))),
     ("moe_route", lambda d: ROUTE(d, T_=0)[0]),

@@ -446,6 +446,70 @@ SPECIFIC["fp8_matmul_fast_accum"] = SPECIFIC["fp8_matmul"]
 
 
 
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _mx(i, *, ties_away=False, ceil_scale=False, swap_nibbles=False, no_saturation=False, no_nan_code=False):
+    """quantize_mxfp4's (codes, scales) in NumPy float64 with pluggable bugs."""
+    x = f64(i["x"])
+    v = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+    nonfinite = ~np.isfinite(v).all(axis=-1)
+    a = np.where(np.isfinite(v), np.abs(v), 0.0)
+    amax = a.max(axis=-1) if a.size else a.sum(axis=-1)
+    with np.errstate(divide="ignore"):
+        lg = np.ceil(np.log2(amax)) if ceil_scale else np.floor(np.log2(amax))
+    e = np.clip(np.where(amax > 0, lg - 2, -127), -127, 127)
+    q = a / np.exp2(e)[..., None]
+    g = np.append(E2M1, 8.0) if no_saturation else E2M1
+    d = np.abs(q[..., None] - g)
+    idx = d.argmin(axis=-1)                        # the lower one at a tie
+    tie = (d == d.min(axis=-1, keepdims=True)).sum(axis=-1) > 1
+    idx = np.where(tie, idx + 1 if ties_away else idx + idx % 2, idx)
+    codes = (idx + 8 * np.signbit(v)) & 0xF        # an unsaturated 8 runs into the sign bit
+    if no_nan_code:                                # NaN / inf quantized as finite values (inf: 6)
+        codes = np.where(np.isinf(v), 7 + 8 * np.signbit(v), np.where(np.isnan(v), 0, codes))
+        scales = e + 127
+    else:
+        codes = np.where(nonfinite[..., None], 0, codes)
+        scales = np.where(nonfinite, 255, e + 127)
+    codes = codes.reshape(x.shape)
+    lo, hi = (codes[..., 1::2], codes[..., 0::2]) if swap_nibbles else (codes[..., 0::2], codes[..., 1::2])
+    return tensor(lo + 16 * hi), tensor(scales)
+
+
+SPECIFIC["quantize_mxfp4"] = {
+    "ties_away_from_zero": (dict(pattern="ties"), lambda i, e: _mx(i, ties_away=True)),
+    "scale_ceil_not_floor": ({}, lambda i, e: _mx(i, ceil_scale=True)),
+    "nibbles_swapped": ({}, lambda i, e: _mx(i, swap_nibbles=True)),
+    "no_saturation": (dict(pattern="saturate"), lambda i, e: _mx(i, no_saturation=True)),
+    "nan_code_missing": (dict(pattern="nonfinite"), lambda i, e: _mx(i, no_nan_code=True)),
+}
+
+
+def _dq(i, *, bias=127, swap=False, nan_ignored=False, half_as_one=False, unsigned=False):
+    """dequantize_mxfp4 in NumPy float64 with pluggable bugs."""
+    c = f64(i["codes"]).astype(np.int64)
+    s = f64(i["scales"]).astype(np.int64)
+    lo, hi = c & 15, c >> 4
+    n = np.stack([hi, lo] if swap else [lo, hi], axis=-1).reshape(*c.shape[:-1], 2 * c.shape[-1])
+    grid = E2M1.copy()
+    if half_as_one:                # the subnormal code read as if it had an implicit 1
+        grid[1] = 1.0
+    v = grid[n & 7] * np.where(((n & 8) != 0) & (not unsigned), -1.0, 1.0)
+    v = v.reshape(*s.shape, 32) * np.exp2(s - bias)[..., None]
+    if not nan_ignored:
+        v = np.where((s == 255)[..., None], np.nan, v)
+    return (tensor(v.reshape(n.shape)),)
+
+
+SPECIFIC["dequantize_mxfp4"] = {
+    "scale_bias_128": ({}, lambda i, e: _dq(i, bias=128)),
+    "nibbles_swapped": ({}, lambda i, e: _dq(i, swap=True)),
+    "nan_scale_decoded_as_2^128": (dict(values="nonfinite"), lambda i, e: _dq(i, nan_ignored=True)),
+    "subnormal_code_as_one": ({}, lambda i, e: _dq(i, half_as_one=True)),
+    "sign_bit_ignored": ({}, lambda i, e: _dq(i, unsigned=True)),
+}
+
 def _decoder(i, change=None, **oracle_kw):
     """transformers' float64 Qwen2 on the case's weights after change(weights, config): a
     mutant decoder. Several bugs are exactly a weight transform of a correct model."""
@@ -653,6 +717,7 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "bias_gelu": (5, 64), "embedding": (3, 7, 16), "matmul": (24, 40, 20), "swiglu": (24, 40, 20),
         "quantize_fp8": (6, 40), "fp8_matmul": (24, 24, 40),     # fp8_matmul: M = N, for the row/column mutant
         "fp8_matmul_fast_accum": (24, 24, 40),
+        "quantize_mxfp4": (6, 64), "dequantize_mxfp4": (6, 64),
         "decoder": (1, 32, 4, 2, 8, 64, 96),                    # 1 layer, GQA 4/2 (the head map shows), D 8
         "gated_delta_rule": (2, 70, 2, 4, 16, 12),              # Hv / Hk 2 with Hk 2 (the head map shows), 2 chunks
         "moe_route": (24, 8)}                                   # 72 entries over 8 experts, blocks of 4
