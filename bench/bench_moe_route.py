@@ -2,7 +2,7 @@
 (references/moe.py: softmax or sigmoid, torch.topk, gather, a stable argsort) and torch.compile
 of it. GPU only; not yet run.
 
-    python bench/bench_moe_route.py [--out results/gpu-h200/bench_moe_route.json]
+    python bench/bench_moe_route.py [--out results/gpu-h200/]
 
 Median milliseconds (triton.testing.do_bench) per call for router logits [T, E] in bf16, at the
 shapes of Mixtral (E 8, top_k 2, softmax), Qwen3-MoE (E 128, top_k 8, softmax, renormalised) and
@@ -63,18 +63,25 @@ def run_one(name, cfg, T):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--out", type=Path, default=None, help="directory for bench_moe_route.json and .md")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_moe_route: needs a CUDA GPU")
     rows = [run_one(name, cfg, T) for name, cfg in MODELS.items() for T in TOKENS]
+    labels = ("ours", "torch", "torch.compile", "ours+permute", "torch+permute")
+    info = meta()
+    md = [f"# MoE routing on {info['device']}", "",
+          f"{info['date']}, torch {info['torch']}, triton {info['triton']}; router logits [T, E] bf16, "
+          f"permutation block {BLOCK}; triton.testing.do_bench median ms.", "",
+          "| model | E | top_k | T | " + " | ".join(labels) + " |", "|---|---|---|---|" + "---|" * len(labels)]
     for r in rows:
-        cells = "  ".join(f"{label} {r[label]:.4f} ms" if r[label] is not None else f"{label} -"
-                          for label in ("ours", "torch", "torch.compile", "ours+permute", "torch+permute"))
-        print(f"{r['model']:12s} T {r['T']:6d}  {cells}")
+        cells = " | ".join(f"{r[label]:.4f}" if r[label] is not None else "-" for label in labels)
+        md.append(f"| {r['model']} | {r['E']} | {r['top_k']} | {r['T']} | {cells} |")
+    print("\n".join(md))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta(), "rows": rows}, indent=1))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_moe_route.json").write_text(json.dumps({"meta": info, "rows": rows}, indent=1))
+        (args.out / "bench_moe_route.md").write_text("\n".join(md) + "\n")
 
 
 if __name__ == "__main__":
