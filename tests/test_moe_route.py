@@ -69,10 +69,13 @@ def test_two_runs_give_the_same_bits(scoring, backend):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_sigmoid_rounds_every_16_bit_logit_as_the_oracle(dtype, backend):
     """The selection key with a bias is fl32(fl32(sigmoid(x)) + bias): kernel and oracle both
-    round a float64 sigmoid to fp32, and could disagree only at a float64 value within a few
-    units of an fp32 midpoint. Every fp16 / bf16 bit pattern (NaN included), as weights of
-    E = 8, top_k = 8 routing: the weights are the fp32 scores, and must be exactly the oracle's
-    rounding of its float64 sigmoid."""
+    round a float64 sigmoid to fp32, and can disagree only where the float64 value lies within a
+    few float64 units of an fp32 midpoint, since their float64 exp comes from different libraries
+    (NumPy's or the GPU's libdevice for the kernel, ATen's for the oracle, and ATen's depends on
+    the CPU: under OPENBLAS_CORETYPE=Prescott, ATen's scalar path, x = 9.6e-6 rounds the other
+    way). Every fp16 / bf16 bit pattern (NaN included), as weights of E = 8, top_k = 8 routing:
+    each fp32 score is the oracle's rounding of its float64 sigmoid, or the fp32 neighbour across
+    a midpoint that the float64 value sits on (within 2^-44 relative)."""
     bits = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16)
     x = bits.view(TORCH_DTYPES[dtype]).reshape(-1, 8).to(backend.device)
     if dtype == "bfloat16" and backend.name == "interpreter":
@@ -82,8 +85,14 @@ def test_sigmoid_rounds_every_16_bit_logit_as_the_oracle(dtype, backend):
     ids, w = kernels.moe_route(x, 8, scoring="sigmoid")
     want = oracles.moe_route(x, 8, scoring="sigmoid")
     _exact(ids, want[0], "ids")
-    got, expected = w.cpu(), want[1].float().cpu()
+    got, exact = w.cpu(), want[1].cpu()
+    expected = exact.float()
     assert torch.equal(got.isnan(), expected.isnan()), "NaN where the oracle has none, or the reverse"
     differ = (got != expected) & ~got.isnan()
-    assert not differ.any(), (f"{int(differ.sum())} fp32 sigmoids differ from the float64 ones rounded to nearest, "
-                              f"e.g. x = {x.cpu()[differ.nonzero()[0].tolist()[0]].tolist()}")
+    neighbour = torch.nextafter(expected, got) == got
+    midpoint = (got.double() + expected.double()) / 2
+    on_midpoint = (exact - midpoint).abs() <= 2.0**-44 * exact.abs()
+    wrong = differ & ~(neighbour & on_midpoint)
+    assert not wrong.any(), (f"{int(wrong.sum())} fp32 sigmoids differ from the float64 ones rounded to nearest "
+                             f"away from a midpoint, e.g. x = {x.cpu()[wrong.nonzero()[0].tolist()[0]].tolist()}")
+    assert int(differ.sum()) <= 4, f"{int(differ.sum())} fp32 sigmoids sit on a rounding midpoint: more than chance"
