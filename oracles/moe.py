@@ -99,18 +99,27 @@ def moe(x, w13, w2, topk_ids, topk_weights):
 
 
 @one_thread
-def moe_magnitude(x, w13, w2, topk_ids, topk_weights):
-    """M[t, n] = sum_s |w[t, s]| sum_i |w2[e, n, i]| (|u_i| S_gate,i + |g_i| S_up,i): the swiglu
-    magnitude of each h_i carried through the down projection and the combine
-    (docs/NUMERICS.md, "Mixture of Experts: the layer"). >= |y|."""
+def moe_magnitudes(x, w13, w2, topk_ids, topk_weights):
+    """(V, B), each [T, H], the magnitudes the moe budget's two terms are relative to
+    (docs/NUMERICS.md, "Mixture of Experts: the layer"):
+    V[t, n] = sum_s |w[t, s]| sum_i |w2[e, n, i]| max(|h_i|, tiny): the down GEMM's sum of |terms|
+    (>= |y|), with h_i floored at the smallest normal number of x's dtype, below which the
+    rounding of h to that dtype has a fixed spacing;
+    B[t, n] = sum_s |w[t, s]| sum_i |w2[e, n, i]| (|u_i| S_gate,i + |g_i| S_up,i): the swiglu
+    magnitude of each h_i (the error the fp32 gate and up GEMMs put into it) carried through the
+    down projection and the combine."""
     xn, a, b = f64(x), f64(w13), f64(w2)
+    tiny = torch.finfo(x.dtype).tiny
     T, H = xn.shape
     I = a.shape[1] // 2
     ids = topk_ids.long().cpu().tolist()
-    w = f64(topk_weights)
-    m = torch.zeros((T, H), dtype=torch.float64, device=xn.device)
+    w = f64(topk_weights).abs()
+    v = torch.zeros((T, H), dtype=torch.float64, device=xn.device)
+    bound = torch.zeros((T, H), dtype=torch.float64, device=xn.device)
     for t in range(T):
         for s, e in enumerate(ids[t]):
             g, u, s_gate, s_up = _expert(xn[t], a[e], I)
-            m[t] += w[t, s].abs() * (b[e].abs() * (u.abs() * s_gate + g.abs() * s_up)).sum(-1)
-    return m
+            w2e = b[e].abs()
+            v[t] += w[t, s] * (w2e * (g * u).abs().clamp(min=tiny)).sum(-1)
+            bound[t] += w[t, s] * (w2e * (u.abs() * s_gate + g.abs() * s_up)).sum(-1)
+    return v, bound
