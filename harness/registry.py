@@ -33,6 +33,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "decoder": ("harness.ops.decoder", FLOATS),     # a whole Qwen2-style model (models/); the dtype is the model's
     "gated_delta_rule": ("harness.ops.gated_delta", FLOATS),
     "moe_route": ("harness.ops.moe", FLOATS),       # the dtype is the logits'; moe_permute runs on its ids
+    "moe": ("harness.ops.moe", FLOATS),             # the expert layer, routing given; the dtype is x's and the weights'
 }
 
 

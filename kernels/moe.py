@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import FLOAT_DTYPES, allocate, check_finite, check_same_device, check_tensor, new_out
+from kernels._launch import (FLOAT_DTYPES, allocate, check_finite, check_same_device, check_same_dtype, check_tensor,
+                            interpreting, new_out)
 
 MAX_EXPERTS = 1024
 SCORINGS = ("softmax", "sigmoid")
@@ -269,3 +270,175 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sor
         _scatter_kernel[(n_chunks,)](topk_ids, counts, totals, out_sorted, out_inv, N, K, s0, s1, E, block,
                                      BLOCK_N=block_n, BLOCK_E=block_e)
     return out_sorted, out_block_expert, out_num, out_inv
+
+
+# ---------------------------------------------------------------------------------------------
+# moe: the expert layer (docs/NUMERICS.md, "Mixture of Experts: the layer")
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _weight_tile(w_ptr, e, rows, cols, s0, s1, s2, mask):
+    """Rows `rows` and columns `cols` of expert e's weight matrix w[e], as a [rows, cols] tile of
+    the weights' dtype (zeros outside `mask`). The one place a weight is read: an MXFP4 expert
+    weight would decode its codes and scales here (kernels/mxfp4.py, _mxfp4_decode)."""
+    ptrs = w_ptr + e.to(tl.int64) * s0 + rows.to(tl.int64)[:, None] * s1 + cols.to(tl.int64)[None, :] * s2
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _moe_up_kernel(x_ptr, w13_ptr, h_ptr, sorted_ptr, block_expert_ptr, N_ENTRIES, K_SLOTS, H, I,
+                   sx0, sx1, sw0, sw1, sw2, n_tiles,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """One BLOCK_M x BLOCK_N tile of h = silu(x G_e^T) * (x U_e^T) for a block of permuted
+    entries of one expert e; h[slot, i] is stored in x's dtype. Padding (sentinel) slots are
+    neither read nor written."""
+    pid = tl.program_id(0)
+    blk = pid // n_tiles
+    nt = pid % n_tiles
+    e = tl.load(block_expert_ptr + blk)
+    if e >= 0:
+        slots = blk.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        entry = tl.load(sorted_ptr + slots)
+        live = entry < N_ENTRIES
+        token = tl.where(live, entry // K_SLOTS, 0).to(tl.int64)
+        cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < I
+        ks = tl.arange(0, BLOCK_K)
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            kk = k0 + ks
+            k_ok = kk < H
+            a = tl.load(x_ptr + token[:, None] * sx0 + kk.to(tl.int64)[None, :] * sx1,
+                        mask=live[:, None] & k_ok[None, :], other=0.0)
+            wmask = col_ok[:, None] & k_ok[None, :]
+            wg = _weight_tile(w13_ptr, e, cols, kk, sw0, sw1, sw2, wmask)            # gate rows
+            wu = _weight_tile(w13_ptr, e, cols + I, kk, sw0, sw1, sw2, wmask)        # up rows
+            acc_g = tl.dot(a, tl.trans(wg), acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(a, tl.trans(wu), acc_u, input_precision=PRECISION)
+        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        tl.store(h_ptr + slots[:, None] * I + cols[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=live[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(h_ptr, w2_ptr, tw_ptr, buf_ptr, sorted_ptr, block_expert_ptr, N_ENTRIES, K_SLOTS, H, I,
+                     sw0, sw1, sw2, st0, st1, n_tiles,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """One BLOCK_M x BLOCK_N tile of (h W2_e^T) times each row's routing weight, in fp32, stored at
+    row j (the entry's own index) of the [T k, H] buffer."""
+    pid = tl.program_id(0)
+    blk = pid // n_tiles
+    nt = pid % n_tiles
+    e = tl.load(block_expert_ptr + blk)
+    if e >= 0:
+        slots = blk.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        entry = tl.load(sorted_ptr + slots)
+        live = entry < N_ENTRIES
+        j = tl.where(live, entry, 0).to(tl.int64)
+        cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < H
+        ks = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            kk = k0 + ks
+            k_ok = kk < I
+            a = tl.load(h_ptr + slots[:, None] * I + kk[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
+            w = _weight_tile(w2_ptr, e, cols, kk, sw0, sw1, sw2, col_ok[:, None] & k_ok[None, :])
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+        rw = tl.load(tw_ptr + (j // K_SLOTS) * st0 + (j % K_SLOTS) * st1, mask=live, other=0.0)
+        acc = acc * rw[:, None]
+        tl.store(buf_ptr + j[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_combine_kernel(buf_ptr, y_ptr, T, H, K_SLOTS, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y[t] = sum over the slots s = 0, 1, .. of buf[t k + s], in fp32 in that order; rounded once."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < T)[:, None] & (cols < H)[None, :]
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for s in range(0, K_SLOTS):
+        acc += tl.load(buf_ptr + (rows * K_SLOTS + s)[:, None] * H + cols[None, :], mask=mask, other=0.0)
+    tl.store(y_ptr + rows[:, None] * H + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _moe_blocks(T, K, E, H, I, block_m):
+    """(BLOCK_M, up BLOCK_N, up BLOCK_K, down BLOCK_N, down BLOCK_K). BLOCK_M: few entries per
+    expert (decode) want 16-row blocks (less padding), prefill 64; tl.dot needs 16 at least.
+    The interpreter gets small tiles, so its cases cross several of them."""
+    if block_m is None:
+        block_m = 16 if interpreting() or T * K <= 4 * E * 16 else 64
+    cap = 16 if interpreting() else 64
+    bn_up = min(cap, max(16, triton.next_power_of_2(I)))
+    bk_up = min(cap, max(16, triton.next_power_of_2(H)))
+    bn_dn = min(cap * (1 if interpreting() else 2), max(16, triton.next_power_of_2(H)))
+    bk_dn = min(cap, max(16, triton.next_power_of_2(I)))
+    return block_m, bn_up, bk_up, bn_dn, bk_dn
+
+
+def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor, *, block_m: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The expert layer of an MoE block: y[t] = sum_s w[t, s] w2[e] (silu(g) * u), (g; u) =
+    w13[e] x[t], e = topk_ids[t, s]. x [T, H]; w13 [E, 2I, H] (gate rows, then up rows) and
+    w2 [E, H, I] in x's dtype; topk_ids int32 [T, k] in [0, E); topk_weights fp32 [T, k].
+    Returns y [T, H] in x's dtype (or `out`). docs/NUMERICS.md, "Mixture of Experts: the layer"."""
+    check_tensor("x", x, ndim=2)
+    check_tensor("w13", w13, ndim=3)
+    check_tensor("w2", w2, ndim=3)
+    check_tensor("topk_ids", topk_ids, dtypes=(torch.int32,), ndim=2)
+    check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+    T, H = x.shape
+    E, I2, H13 = w13.shape
+    if not 1 <= E <= MAX_EXPERTS:
+        raise ValueError(f"w13: expected 1 to {MAX_EXPERTS} experts (dim 0), got shape {tuple(w13.shape)}")
+    if I2 == 0 or I2 % 2:
+        raise ValueError(f"w13: expected [E, 2I, H] with 2I even and > 0 (gate rows, then up rows), "
+                         f"got shape {tuple(w13.shape)}")
+    if H13 != H:
+        raise ValueError(f"w13: expected [E, 2I, H] with H = {H} (the last dim of x), got shape {tuple(w13.shape)}")
+    I = I2 // 2
+    if tuple(w2.shape) != (E, H, I):
+        raise ValueError(f"w2: expected shape {(E, H, I)} ([E, H, I] for w13 {tuple(w13.shape)}), "
+                         f"got {tuple(w2.shape)}")
+    if H == 0:
+        raise ValueError(f"x: expected a hidden size H > 0, got shape {tuple(x.shape)}")
+    if topk_ids.shape[0] != T or topk_ids.shape[1] < 1:
+        raise ValueError(f"topk_ids: expected shape ({T}, k) with k >= 1 (one row per token of x), "
+                         f"got {tuple(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_weights: expected the shape of topk_ids {tuple(topk_ids.shape)}, "
+                         f"got {tuple(topk_weights.shape)}")
+    check_same_dtype(x=x, w13=w13, w2=w2)
+    check_same_device(x=x, w13=w13, w2=w2, topk_ids=topk_ids, topk_weights=topk_weights, out=out)
+    if block_m is not None and (isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 16
+                                or block_m & (block_m - 1) or block_m > 256):
+        raise ValueError(f"block_m: expected a power of two from 16 to 256, got {block_m!r}")
+    K = topk_ids.shape[1]
+    out = new_out(out, (T, H), x.dtype, x.device)
+    if T == 0:
+        return out
+    lo, hi = int(topk_ids.min()), int(topk_ids.max())     # a host sync: ids out of range are an error
+    if lo < 0 or hi >= E:
+        raise ValueError(f"topk_ids: expected expert ids in [0, {E}), got values from {lo} to {hi}")
+    bm, bn_up, bk_up, bn_dn, bk_dn = _moe_blocks(T, K, E, H, I, block_m)
+    sorted_ids, block_expert, _, _ = moe_permute(topk_ids, E, bm)
+    capacity = sorted_ids.shape[0]
+    n_blocks = block_expert.shape[0]
+    N = T * K
+    h = allocate((capacity, I), x.dtype, x.device, name="h")
+    buf = allocate((N, H), torch.float32, x.device, name="moe_partial")
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    tiles_up = triton.cdiv(I, bn_up)
+    _moe_up_kernel[(n_blocks * tiles_up,)](
+        x, w13, h, sorted_ids, block_expert, N, K, H, I, x.stride(0), x.stride(1), *w13.stride(), tiles_up,
+        BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, PRECISION=precision)
+    tiles_dn = triton.cdiv(H, bn_dn)
+    _moe_down_kernel[(n_blocks * tiles_dn,)](
+        h, w2, topk_weights, buf, sorted_ids, block_expert, N, K, H, I, *w2.stride(), *topk_weights.stride(),
+        tiles_dn, BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, PRECISION=precision)
+    block_t = 16
+    block_n = min(128, max(16, triton.next_power_of_2(H)))
+    _moe_combine_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
+        buf, out, T, H, K, BLOCK_T=block_t, BLOCK_N=block_n)
+    return out

@@ -69,3 +69,57 @@ def moe_permute(topk_ids, num_experts, block):
     dev = topk_ids.device
     as64 = lambda v: torch.tensor(v, dtype=torch.float64).reshape(-1).to(dev)  # noqa: E731
     return as64(sorted_ids), as64(block_expert), as64([total]), as64(inv)
+
+
+def _expert(xt, w13e, I):
+    """One token through one expert's gate and up projections in float64: (g = silu(gate), u,
+    S_gate, S_up), each [I]; S the sums of |terms| of the two dot products."""
+    gate, up = w13e[:I], w13e[I:]
+    z = (gate * xt).sum(-1)
+    u = (up * xt).sum(-1)
+    g = z / (1.0 + torch.exp(-z))
+    return g, u, (gate.abs() * xt.abs()).sum(-1), (up.abs() * xt.abs()).sum(-1)
+
+
+@one_thread
+def moe(x, w13, w2, topk_ids, topk_weights):
+    """y[t] = sum_s w[t, s] w2[e] (silu(gate_e x_t) * up_e x_t), e = topk_ids[t, s], in float64:
+    a loop over tokens and their k experts, every product formed explicitly."""
+    xn, a, b = f64(x), f64(w13), f64(w2)
+    T, H = xn.shape
+    I = a.shape[1] // 2
+    ids = topk_ids.long().cpu().tolist()
+    w = f64(topk_weights)
+    y = torch.zeros((T, H), dtype=torch.float64, device=xn.device)
+    for t in range(T):
+        for s, e in enumerate(ids[t]):
+            g, u, _, _ = _expert(xn[t], a[e], I)
+            y[t] += w[t, s] * (b[e] * (g * u)).sum(-1)
+    return y
+
+
+@one_thread
+def moe_magnitudes(x, w13, w2, topk_ids, topk_weights):
+    """(V, B), each [T, H], the magnitudes the moe budget's two terms are relative to
+    (docs/NUMERICS.md, "Mixture of Experts: the layer"):
+    V[t, n] = sum_s |w[t, s]| sum_i |w2[e, n, i]| max(|h_i|, tiny): the down GEMM's sum of |terms|
+    (>= |y|), with h_i floored at the smallest normal number of x's dtype, below which the
+    rounding of h to that dtype has a fixed spacing;
+    B[t, n] = sum_s |w[t, s]| sum_i |w2[e, n, i]| (|u_i| S_gate,i + |g_i| S_up,i): the swiglu
+    magnitude of each h_i (the error the fp32 gate and up GEMMs put into it) carried through the
+    down projection and the combine."""
+    xn, a, b = f64(x), f64(w13), f64(w2)
+    tiny = torch.finfo(x.dtype).tiny
+    T, H = xn.shape
+    I = a.shape[1] // 2
+    ids = topk_ids.long().cpu().tolist()
+    w = f64(topk_weights).abs()
+    v = torch.zeros((T, H), dtype=torch.float64, device=xn.device)
+    bound = torch.zeros((T, H), dtype=torch.float64, device=xn.device)
+    for t in range(T):
+        for s, e in enumerate(ids[t]):
+            g, u, s_gate, s_up = _expert(xn[t], a[e], I)
+            w2e = b[e].abs()
+            v[t] += w[t, s] * (w2e * (g * u).abs().clamp(min=tiny)).sum(-1)
+            bound[t] += w[t, s] * (w2e * (u.abs() * s_gate + g.abs() * s_up)).sum(-1)
+    return v, bound

@@ -37,3 +37,24 @@ def moe_permute(topk_ids, num_experts, block):
     used = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block)
     block_expert[:used.numel()] = used.to(torch.int32)
     return sorted_ids, block_expert, torch.tensor([total], dtype=torch.int32, device=flat.device), inv
+
+
+def moe(x, w13, w2, topk_ids, topk_weights):
+    """The eager loop over experts, as Hugging Face's Mixtral sparse block writes it: per expert,
+    the tokens that chose it (index_select), its SwiGLU MLP in the input dtype, times their
+    routing weights, accumulated into the output with index_add_."""
+    T, H = x.shape
+    E, I2, _ = w13.shape
+    I = I2 // 2
+    out = torch.zeros((T, H), dtype=x.dtype, device=x.device)
+    ids = topk_ids.long()
+    for e in range(E):
+        tok, slot = torch.where(ids == e)
+        if tok.numel() == 0:
+            continue
+        xe = x[tok]
+        gate, up = torch.nn.functional.linear(xe, w13[e]).split(I, dim=-1)
+        h = torch.nn.functional.silu(gate) * up
+        ye = torch.nn.functional.linear(h, w2[e]) * topk_weights[tok, slot, None].to(x.dtype)
+        out.index_add_(0, tok, ye)
+    return out

@@ -75,6 +75,16 @@ def ROUTE(d, T_=4, E=8, dtype=torch.float32, **kw):
     return kernels.moe_route(**args)
 
 
+def MOE(d, T_=4, H=24, I=16, E=8, k=2, dtype=torch.float32, **kw):
+    """moe on small valid inputs (T 4, H 24, I 16, E 8, top_k 2), any argument replaced by kw."""
+    args = dict(x=T(T_, H, dtype=dtype, device=d), w13=T(E, 2 * I, H, dtype=dtype, device=d),
+                w2=T(E, H, I, dtype=dtype, device=d),
+                topk_ids=torch.randint(0, E, (T_, k), dtype=torch.int32, device=d),
+                topk_weights=torch.rand(T_, k, device=d))
+    args.update(kw)
+    return kernels.moe(**args)
+
+
 def PERM(d, **kw):
     """moe_permute on small valid inputs (4 tokens, top_k 2, 8 experts, block 4), any argument
     replaced by kw."""
@@ -436,6 +446,33 @@ BAD = [
     ("moe_route", "permute past int32", lambda d: PERM(d, topk_ids=torch.zeros(1, 1, dtype=torch.int32, device=d).expand(2**20, 2**11)), ValueError, "topk_ids"),
     ("moe_route", "permute out_sorted shape", lambda d: PERM(d, out_sorted=torch.zeros(5, dtype=torch.int32, device=d)), ValueError, "out_sorted"),
     ("moe_route", "permute out_inv dtype", lambda d: PERM(d, out_inv=torch.zeros(8, dtype=torch.int64, device=d)), TypeError, "out_inv"),
+    # moe (the layer)
+    ("moe", "x int", lambda d: MOE(d, x=torch.ones(4, 24, dtype=torch.int32, device=d)), TypeError, "x"),
+    ("moe", "x 3-d", lambda d: MOE(d, x=T(1, 4, 24, device=d)), ValueError, "x"),
+    ("moe", "x not a tensor", lambda d: MOE(d, x=[[1.0] * 24] * 4), TypeError, "x"),
+    ("moe", "x H zero", lambda d: MOE(d, H=0), ValueError, "x"),
+    ("moe", "w13 2-d", lambda d: MOE(d, w13=T(32, 24, device=d)), ValueError, "w13"),
+    ("moe", "w13 odd rows", lambda d: MOE(d, w13=T(8, 31, 24, device=d)), ValueError, "w13"),
+    ("moe", "w13 H mismatch", lambda d: MOE(d, w13=T(8, 32, 25, device=d)), ValueError, "w13"),
+    ("moe", "w13 no experts", lambda d: MOE(d, w13=T(0, 32, 24, device=d)), ValueError, "w13"),
+    ("moe", "w13 fp16 with fp32 x", lambda d: MOE(d, w13=T(8, 32, 24, dtype=torch.float16, device=d)), TypeError, "w13"),
+    ("moe", "w2 transposed shape", lambda d: MOE(d, w2=T(8, 16, 24, device=d)), ValueError, "w2"),
+    ("moe", "w2 fewer experts", lambda d: MOE(d, w2=T(7, 24, 16, device=d)), ValueError, "w2"),
+    ("moe", "w2 float64", lambda d: MOE(d, w2=T(8, 24, 16, dtype=torch.float64, device=d)), TypeError, "w2"),
+    ("moe", "topk_ids int64", lambda d: MOE(d, topk_ids=torch.zeros(4, 2, dtype=torch.int64, device=d)), TypeError, "topk_ids"),
+    ("moe", "topk_ids float", lambda d: MOE(d, topk_ids=T(4, 2, device=d)), TypeError, "topk_ids"),
+    ("moe", "topk_ids wrong T", lambda d: MOE(d, topk_ids=torch.zeros(5, 2, dtype=torch.int32, device=d)), ValueError, "topk_ids"),
+    ("moe", "topk_ids k zero", lambda d: MOE(d, topk_ids=torch.zeros(4, 0, dtype=torch.int32, device=d), topk_weights=T(4, 0, device=d)), ValueError, "topk_ids"),
+    ("moe", "topk_ids negative", lambda d: MOE(d, topk_ids=torch.full((4, 2), -1, dtype=torch.int32, device=d)), ValueError, "topk_ids"),
+    ("moe", "topk_ids past E", lambda d: MOE(d, topk_ids=torch.full((4, 2), 8, dtype=torch.int32, device=d)), ValueError, "topk_ids"),
+    ("moe", "topk_weights fp16", lambda d: MOE(d, topk_weights=T(4, 2, dtype=torch.float16, device=d)), TypeError, "topk_weights"),
+    ("moe", "topk_weights shape", lambda d: MOE(d, topk_weights=T(4, 3, device=d)), ValueError, "topk_weights"),
+    ("moe", "topk_weights device", lambda d: MOE(d, topk_weights=torch.zeros(4, 2, device="meta")), ValueError, "topk_weights"),
+    ("moe", "block_m 8", lambda d: MOE(d, block_m=8), ValueError, "block_m"),
+    ("moe", "block_m 24", lambda d: MOE(d, block_m=24), ValueError, "block_m"),
+    ("moe", "block_m bool", lambda d: MOE(d, block_m=True), ValueError, "block_m"),
+    ("moe", "out dtype", lambda d: MOE(d, out=T(4, 24, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("moe", "out shape", lambda d: MOE(d, out=T(4, 25, device=d)), ValueError, "out"),
     ("moe_route", "permute out_num shape", lambda d: PERM(d, out_num=torch.zeros((), dtype=torch.int32, device=d)), ValueError, "out_num"),
 ]
 
@@ -486,6 +523,7 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("fp8_matmul", lambda d: kernels.fp8_matmul(F8(0, 8, device=d), F8(5, 8, device=d), S(device=d), S(5, device=d))),
     ("fp8_matmul", lambda d: kernels.fp8_matmul(F8(4, 8, device=d), F8(0, 8, device=d), S(4, 1, device=d), S(device=d))),
     ("moe_route", lambda d: ROUTE(d, T_=0)[0]),
+    ("moe", lambda d: MOE(d, T_=0)),
     ("moe_route", lambda d: PERM(d, topk_ids=torch.zeros(0, 2, dtype=torch.int32, device=d))[3]),
 ])
 def test_empty_input_gives_empty_output(op, call, dev):

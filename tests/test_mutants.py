@@ -709,6 +709,39 @@ SPECIFIC["moe_route"] = {
     "inverse_map_off_by_one": ({}, lambda i, e: _moe(i, inv_shift=1)),
 }
 
+def _moe_layer(i, *, no_weight=False, swap=False, act="silu", wrong_expert=False, drop=None):
+    """The moe layer in float64 NumPy with pluggable bugs: routing weights not applied, gate and
+    up rows swapped, another activation, the block of the lowest expert in use computed with the
+    next expert's weights (block_expert off by one), one (token, slot) row left out of the combine."""
+    x, w13, w2 = f64(i["x"]), f64(i["w13"]), f64(i["w2"])
+    ids, w = f64(i["topk_ids"]).astype(np.int64), f64(i["topk_weights"])
+    T, k = ids.shape
+    E, I = w13.shape[0], w13.shape[1] // 2
+    first = ids.min()
+    y = np.zeros((T, x.shape[1]))
+    for t in range(T):
+        for s in range(k):
+            if drop == (t, s):
+                continue
+            e = ids[t, s]
+            if wrong_expert and e == first:
+                e = (e + 1) % E
+            gate, up = w13[e, :I] @ x[t], w13[e, I:] @ x[t]
+            if swap:
+                gate, up = up, gate
+            h = _act(gate, act) * up
+            y[t] += (1.0 if no_weight else w[t, s]) * (w2[e] @ h)
+    return (tensor(y),)
+
+
+SPECIFIC["moe"] = {
+    "routing_weight_not_applied": ({}, lambda i, e: _moe_layer(i, no_weight=True)),
+    "gate_up_swapped": ({}, lambda i, e: _moe_layer(i, swap=True)),
+    "gelu_for_silu": ({}, lambda i, e: _moe_layer(i, act="gelu")),
+    "block_expert_off_by_one": ({}, lambda i, e: _moe_layer(i, wrong_expert=True)),
+    "one_row_missing_in_the_combine": ({}, lambda i, e: _moe_layer(i, drop=(3, 1))),
+}
+
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
@@ -720,7 +753,8 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "quantize_mxfp4": (6, 64), "dequantize_mxfp4": (6, 64),
         "decoder": (1, 32, 4, 2, 8, 64, 96),                    # 1 layer, GQA 4/2 (the head map shows), D 8
         "gated_delta_rule": (2, 70, 2, 4, 16, 12),              # Hv / Hk 2 with Hk 2 (the head map shows), 2 chunks
-        "moe_route": (24, 8)}                                   # 72 entries over 8 experts, blocks of 4
+        "moe_route": (24, 8),                                   # 72 entries over 8 experts, blocks of 4
+        "moe": (24, 40, 24, 8)}                                 # T 24, H 40, I 24, E 8
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                "mla_decode": dict(lens="24,20,1", num_splits=2),   # Tq 2: the first row of lens 1 sees nothing
@@ -733,7 +767,8 @@ BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsno
                "decoder": dict(lens="6,3", steps=2, tied=False),
                # slow decay: the state carries far enough for a wrong update order to show
                "gated_delta_rule": dict(gate="slow", beta="uniform", init=True, l2norm=True),
-               "moe_route": dict(top_k=3, block=4, renorm=True, scaling=2.5)}
+               "moe_route": dict(top_k=3, block=4, renorm=True, scaling=2.5),
+               "moe": dict(top_k=2)}
 
 
 _CONTROLS: dict = {}

@@ -14,13 +14,15 @@ and judged exactly (error_scale gives them a magnitude of 0, and the budget's at
 below 1)."""
 from __future__ import annotations
 
+import math
+
 import torch
 from hypothesis import strategies as st
 
 import kernels
 import oracles
 import references
-from harness.cases import Case, lay_out, sample
+from harness.cases import Case, lay_out, make_input, sample
 from harness.compare import Magnitudes
 from harness.op import Op
 from harness.strategies import regimes, seeds
@@ -157,4 +159,137 @@ class MoERoute(Op):
         return out
 
 
-OPS = {"moe_route": MoERoute()}
+MOE_REGIMES = ("normal", "small", "constant", "outlier", "offset")
+# fp16: x of 1000 (outlier, offset) makes h = silu(g) u of ~1e5-1e6, past fp16's 65504: h would be
+# rounded to inf between the GEMMs (and inf - inf in the down GEMM gives NaN), outside the contract.
+FP16_REGIMES = MOE_REGIMES[:3]
+ROUTINGS = ("random", "hot", "few")
+# Per case at most this many (token, expert) entries: the float64 oracle loops over them.
+MAX_ENTRIES = {"small": 256, "large": 4096}
+
+
+def _routing(kind, T, E, top_k, gen, hot=0):
+    """(topk_ids int32 [T, k], topk_weights fp32 [T, k]) in float64 before rounding: "random":
+    the top_k of N(0, 1) logits, softmax weights; "hot": every token's first choice is expert
+    `hot` (all tokens on it at top_k 1; the others get the rest or nothing); "few": logits raised
+    on 2 experts, so most experts get no token at small top_k. Weights are the chosen softmax
+    scores renormalised, rounded to fp32."""
+    logits = torch.randn((T, E), generator=gen, dtype=torch.float64)
+    if kind == "hot":
+        logits[:, hot] += 100.0
+    elif kind == "few":
+        chosen = torch.randperm(E, generator=gen)[:2]
+        logits[:, chosen] += 20.0
+    p = torch.softmax(logits, dim=-1)
+    ids = torch.topk(logits, top_k, dim=-1).indices
+    w = p.gather(-1, ids)
+    w = w / w.sum(-1, keepdim=True)
+    return ids.to(torch.int32), w.float()
+
+
+class MoE(Op):
+    """moe: the expert layer. A case's shape is (T, H, I, E): x [T, H], w13 [E, 2I, H],
+    w2 [E, H, I]. Params: `top_k`, `routing` (random | hot | few, see _routing), `hot` (the hot
+    expert), `w_layout` ("transposed": w13 and w2 stored as transposed views of [E, H, 2I] and
+    [E, I, H] tensors), `block_m` (the kernel's row block). The value regime and layout apply to
+    x; the weights are N(0, 1) times powers of two (exact): w13 by 2^-(ceil(log2 sqrt H) + 1), w2 by
+    2^-ceil(log2 sqrt I), so g and u of x ~ N(0, 1) stay O(1) at any H, and h of the constant
+    regime (x ~ 100) stays within fp16."""
+    name = "moe"
+
+    def inputs(self, case, device):
+        gen = case.generator()
+        T, H, I, E = case.shape
+        x = make_input((T, H), case.dtype, gen, device, values=case.values, layout=case.layout)
+        tdt = case.torch_dtype
+        s13 = 2.0 ** -(math.ceil(math.log2(math.sqrt(H))) + 1)
+        s2 = 2.0 ** -math.ceil(math.log2(math.sqrt(I)))
+        if case.param("w_layout") == "transposed":
+            w13 = (s13 * torch.randn((E, H, 2 * I), generator=gen, dtype=torch.float64)).to(tdt).to(device)
+            w2 = (s2 * torch.randn((E, I, H), generator=gen, dtype=torch.float64)).to(tdt).to(device)
+            w13, w2 = w13.transpose(1, 2), w2.transpose(1, 2)
+        else:
+            w13 = (s13 * torch.randn((E, 2 * I, H), generator=gen, dtype=torch.float64)).to(tdt).to(device)
+            w2 = (s2 * torch.randn((E, H, I), generator=gen, dtype=torch.float64)).to(tdt).to(device)
+        ids, w = _routing(case.param("routing", "random"), T, E, case.param("top_k", 2), gen, case.param("hot", 0))
+        return {"x": x, "w13": w13, "w2": w2, "topk_ids": ids.to(device), "topk_weights": w.to(device),
+                "block_m": case.param("block_m")}
+
+    def _args(self, inp):
+        return inp["x"], inp["w13"], inp["w2"], inp["topk_ids"], inp["topk_weights"]
+
+    def output_shapes(self, inp):
+        return {"y": tuple(inp["x"].shape)}
+
+    def kernel(self, inp, out, **config):
+        if inp["block_m"] is not None:
+            config = {"block_m": inp["block_m"], **config}
+        return (kernels.moe(*self._args(inp), out=out["y"], **config),)
+
+    def reference(self, inp):
+        return (references.moe(*self._args(inp)),)
+
+    def oracle(self, inp):
+        return (oracles.moe(*self._args(inp)),)
+
+    def error_scale(self, inp, expected):
+        """rtol relative to V (the down GEMM's sum of |terms|, h floored at the dtype's smallest
+        normal), bound_rtol to B (the gate / up GEMMs' error carried through): oracles.moe_magnitudes."""
+        v, b = oracles.moe_magnitudes(*self._args(inp))
+        return (Magnitudes(value=v, bound=b),)
+
+    def cases(self, dtype, size, config):
+        small = size == "small"
+
+        @st.composite
+        def draw_case(draw):
+            E = draw(st.one_of(st.sampled_from((1, 8, 64, 128)), st.integers(1, 130 if small else 256)))
+            top_k = min(E, draw(st.one_of(st.sampled_from((1, 2, 8, E)), st.integers(1, E))))
+            T = draw(st.integers(1, max(1, min(40 if small else 600, MAX_ENTRIES[size] // top_k))))
+            H = draw(st.integers(8, 96) if small else st.integers(8, 600))
+            I = draw(st.integers(8, 80) if small else st.integers(8, 600))
+            params = {"top_k": top_k, "routing": draw(st.sampled_from(ROUTINGS))}
+            if params["routing"] == "hot":
+                params["hot"] = draw(st.integers(0, E - 1))
+            if draw(st.integers(0, 3)) == 0:
+                params["w_layout"] = "transposed"
+            if draw(st.integers(0, 3)) == 0:
+                params["block_m"] = draw(st.sampled_from((16, 32, 64)))
+            return Case.make(self.name, dtype, (T, H, I, E), layout=draw(st.sampled_from(("contiguous", "transposed", "sliced"))),
+                             values=draw(regimes(self.name, dtype, config,
+                                                                 FP16_REGIMES if dtype == "float16" else MOE_REGIMES)), seed=draw(seeds()),
+                             config=config, **params)
+        return draw_case()
+
+    def pinned(self, dtype):
+        def case(shape, seed=0, **kw):
+            return Case.make(self.name, dtype, shape, seed=seed, **kw)
+        out = []
+        # E in {1, 8, 64, 128}, top_k in {1, 2, 8, E}; H and I not multiples of the 16-wide tiles.
+        for i, E in enumerate((1, 8, 64, 128)):
+            for k in sorted({1, 2, 8, E} & set(range(1, E + 1))):
+                T = 5 if k < 64 else 2
+                out.append(case((T, 24 + 8 * (k % 3), 17 + 8 * i, E), seed=10 * i + k, top_k=k))
+        # T = 1 (decode) and T around the row block of 16 (15, 17, 33), block 32 and 64.
+        out += [case((1, 40, 33, 8), seed=40, top_k=2), case((1, 96, 80, 64), seed=41, top_k=8),
+                case((15, 24, 16, 4), seed=42, top_k=1), case((17, 24, 16, 4), seed=43, top_k=1),
+                case((33, 30, 20, 2), seed=44, top_k=2), case((17, 40, 33, 4), seed=45, top_k=2, block_m=32),
+                case((33, 24, 17, 8), seed=46, top_k=2, block_m=64)]
+        # All tokens on one expert (the others get none), and experts with no tokens.
+        out += [case((20, 24, 20, 8), seed=50, top_k=1, routing="hot", hot=5),
+                case((20, 24, 20, 8), seed=51, top_k=2, routing="hot", hot=0),
+                case((18, 40, 24, 64), seed=52, top_k=1, routing="hot", hot=63),
+                case((12, 32, 17, 64), seed=53, top_k=2, routing="few"),
+                case((9, 24, 16, 128), seed=54, top_k=8, routing="few")]
+        # I and H below one tile, and the largest of the interpreter's range.
+        out += [case((6, 8, 8, 4), seed=60, top_k=2), case((4, 96, 80, 8), seed=61, top_k=2),
+                case((7, 65, 79, 8), seed=62, top_k=3)]
+        # Layouts of x and of the weights; value regimes of x.
+        out += [case((7, 40, 24, 8), seed=70 + j, layout=lay, top_k=2)
+                for j, lay in enumerate(("transposed", "sliced"))]
+        out += [case((7, 40, 24, 8), seed=72, top_k=2, w_layout="transposed")]
+        out += [case((8, 32, 20, 8), seed=80 + j, values=v, top_k=2) for j, v in enumerate((FP16_REGIMES if dtype == "float16" else MOE_REGIMES)[1:])]
+        return out
+
+
+OPS = {"moe_route": MoERoute(), "moe": MoE()}

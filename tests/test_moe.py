@@ -1,0 +1,84 @@
+"""The moe layer beyond the battery's cases (tests/test_ops.py) and the float64 mutants
+(tests/test_mutants.py): the real kernel run with a broken permutation must fail its budget,
+the bf16 budgets (which the interpreter cannot exercise: gap interp-bf16-dot) must reject the
+mutants too, the combine is deterministic, and ids a token repeats count twice."""
+import pytest
+import torch
+
+import kernels
+import importlib
+import oracles
+from harness import registry
+from harness.cases import Case
+from harness.compare import compare
+from tests.test_mutants import SPECIFIC
+
+kmoe = importlib.import_module("kernels.moe")     # the module (kernels.moe is the launcher)
+
+pytestmark = pytest.mark.op("moe")
+
+
+def _case(dtype, shape=(24, 40, 24, 8), **params):
+    params.setdefault("top_k", 2)
+    return Case.make("moe", dtype, shape, seed=11, **params)
+
+
+def _judge(op, inp, got, budget):
+    expected = op.oracle(inp)
+    scale = op.error_scale(inp, expected)
+    return compare("y", got, expected[0], budget, None, scale[0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_kernel_with_block_expert_off_by_one_fails(dtype, backend, budgets, monkeypatch):
+    """The real kernels, fed a block -> expert map shifted by one expert in its first block: the
+    budget must see it (and the unbroken kernel pass the same case)."""
+    op = registry.get("moe")
+    inp = op.inputs(_case(dtype), backend.device)
+    budget = budgets.get("moe", dtype, backend.name)
+    good = kernels.moe(*op._args(inp))
+    assert _judge(op, inp, good, budget).passed
+    real = kmoe.moe_permute
+
+    def broken(ids, E, block, **kw):
+        sorted_ids, block_expert, num, inv = real(ids, E, block, **kw)
+        block_expert = block_expert.clone()
+        block_expert[0] = (block_expert[0] + 1) % E
+        return sorted_ids, block_expert, num, inv
+    monkeypatch.setattr(kmoe, "moe_permute", broken)
+    bad = kernels.moe(*op._args(inp))
+    assert not _judge(op, inp, bad, budget).passed
+
+
+@pytest.mark.parametrize("budget_backend", ["interpreter", "gpu"])
+@pytest.mark.parametrize("mutant", sorted(SPECIFIC["moe"]))
+def test_bf16_budgets_reject_the_mutants(mutant, budget_backend, backend, budgets):
+    """The bf16 budgets of both backends against the float64 mutants, rounded to bf16 (no
+    control run: the interpreter's bf16 tl.dot is the declared gap)."""
+    op = registry.get("moe")
+    spec, wrong = SPECIFIC["moe"][mutant]
+    inp = op.inputs(_case("bfloat16", **spec), backend.device)
+    bad = wrong(inp, None)[0].to(torch.bfloat16)
+    assert not _judge(op, inp, bad, budgets.get("moe", "bfloat16", budget_backend)).passed
+    # and the oracle itself, rounded to bf16, passes them (the budget is not simply too tight)
+    assert _judge(op, inp, op.oracle(inp)[0].to(torch.bfloat16), budgets.get("moe", "bfloat16", budget_backend)).passed
+
+
+def test_deterministic(backend):
+    """The combine sums a token's rows in slot order (no atomics): two runs are bit-identical."""
+    op = registry.get("moe")
+    inp = op.inputs(_case("float32", shape=(33, 24, 17, 8), top_k=8), backend.device)
+    a = kernels.moe(*op._args(inp))
+    b = kernels.moe(*op._args(inp))
+    assert torch.equal(a, b)
+
+
+def test_repeated_expert_counts_twice(backend, budgets):
+    """A token naming one expert in two slots gets both contributions, as in the oracle."""
+    op = registry.get("moe")
+    inp = op.inputs(_case("float32", shape=(5, 24, 16, 4)), backend.device)
+    inp["topk_ids"] = torch.tensor([[1, 1], [0, 3], [2, 2], [3, 3], [0, 1]], dtype=torch.int32,
+                                   device=backend.device)
+    got = kernels.moe(*op._args(inp))
+    assert _judge(op, inp, got, budgets.get("moe", "float32", backend.name)).passed
+    assert torch.allclose(oracles.moe(*op._args(inp)).float().cpu(), got.cpu(), rtol=1e-4, atol=1e-5)
