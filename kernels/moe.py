@@ -20,6 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels._device import grouped_tile
 from kernels._launch import (FLOAT_DTYPES, allocate, check_finite, check_same_device, check_same_dtype, check_tensor,
                             interpreting, new_out)
 
@@ -352,21 +355,114 @@ def _moe_down_kernel(h_ptr, w2_ptr, tw_ptr, buf_ptr, sorted_ptr, block_expert_pt
 
 
 @triton.jit
-def _moe_combine_kernel(buf_ptr, y_ptr, T, H, K_SLOTS, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y[t] = sum over the slots s = 0, 1, .. of buf[t k + s], in fp32 in that order; rounded once."""
+def _moe_gather_kernel(x_ptr, xs_ptr, sorted_ptr, num_ptr, N_ENTRIES, K_SLOTS, H, sx0, sx1,
+                       BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
+    """xs[slot] = x[the token of the entry in slot], for the slots in use (below num_padded);
+    padding slots get zeros. The TMA path's GEMMs then read whole row blocks of xs."""
+    slots = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+    in_use = slots < tl.load(num_ptr)
+    entry = tl.load(sorted_ptr + slots, mask=in_use, other=N_ENTRIES)
+    live = entry < N_ENTRIES
+    token = tl.where(live, entry // K_SLOTS, 0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < H
+    v = tl.load(x_ptr + token[:, None] * sx0 + cols.to(tl.int64)[None, :] * sx1,
+                mask=live[:, None] & col_ok[None, :], other=0.0)
+    tl.store(xs_ptr + slots[:, None] * H + cols[None, :], v, mask=in_use[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_up_tma_kernel(xs_desc, w_desc, h_desc, block_expert_ptr, num_ptr, H, I,
+                       NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """The up GEMM, Hopper style (kernels/gemm.py's _gemm_tma_kernel, grouped by expert): a
+    persistent walk over the output tiles of the row blocks in use. w_desc views w13 as
+    [2E, I, H], so one [2, BLOCK_N, BLOCK_K] box at [2e, n, k] holds expert e's gate and up rows
+    and one BLOCK_M x 2 BLOCK_N accumulator takes both. TMA reads zeros past I and H."""
+    used = tl.load(num_ptr) // BLOCK_M
+    num_tiles = used * tl.cdiv(I, BLOCK_N)
+    k_tiles = tl.cdiv(H, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
+        pid_m, pid_n = grouped_tile(tile, used * BLOCK_M, I, BLOCK_M, BLOCK_N, GROUP_M)
+        e = tl.load(block_expert_ptr + pid_m)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+        for k in range(0, k_tiles):
+            a = xs_desc.load([off_m, k * BLOCK_K])
+            w = w_desc.load([2 * e, off_n, k * BLOCK_K]).reshape(2 * BLOCK_N, BLOCK_K)
+            acc = tl.dot(a, w.T, acc)
+        gate, up = acc.reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1).split()
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        h_desc.store([off_m, off_n], h.to(h_desc.dtype))
+
+
+@triton.jit
+def _moe_down_tma_kernel(h_desc, w_desc, tw_ptr, buf_ptr, sorted_ptr, block_expert_ptr, num_ptr, N_ENTRIES,
+                         K_SLOTS, H, I, st0, st1, NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """The down GEMM on the TMA path: h's row blocks times expert e's w2 (a [1, BLOCK_N, BLOCK_K]
+    box of w2 [E, H, I]), scaled by each row's routing weight and stored, fp32, at row j (the
+    entry's own index) of the [T k, H] buffer, as _moe_down_kernel does."""
+    used = tl.load(num_ptr) // BLOCK_M
+    num_tiles = used * tl.cdiv(H, BLOCK_N)
+    k_tiles = tl.cdiv(I, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
+        pid_m, pid_n = grouped_tile(tile, used * BLOCK_M, H, BLOCK_M, BLOCK_N, GROUP_M)
+        e = tl.load(block_expert_ptr + pid_m)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k in range(0, k_tiles):
+            a = h_desc.load([off_m, k * BLOCK_K])
+            w = w_desc.load([e, off_n, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K)
+            acc = tl.dot(a, w.T, acc)
+        slots = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
+        entry = tl.load(sorted_ptr + slots)
+        live = entry < N_ENTRIES
+        j = tl.where(live, entry, 0).to(tl.int64)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        col_ok = cols < H
+        rw = tl.load(tw_ptr + (j // K_SLOTS) * st0 + (j % K_SLOTS) * st1, mask=live, other=0.0)
+        acc = acc * rw[:, None]
+        tl.store(buf_ptr + j[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_combine_kernel(buf_ptr, inv_ptr, bad_ptr, y_ptr, T, H, K_SLOTS, COUNT_BAD: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y[t] = sum over the slots s = 0, 1, .. of buf[t k + s], in fp32 in that order; rounded once.
+    A token with an id outside [0, E) (moe_permute placed it nowhere: inv = -1) gets a NaN row,
+    never a partial sum, and COUNT_BAD counts such tokens into bad_ptr."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < T)[:, None] & (cols < H)[None, :]
+    row_ok = rows < T
+    mask = row_ok[:, None] & (cols < H)[None, :]
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    dropped = tl.zeros([BLOCK_T], dtype=tl.int32)
     for s in range(0, K_SLOTS):
-        acc += tl.load(buf_ptr + (rows * K_SLOTS + s)[:, None] * H + cols[None, :], mask=mask, other=0.0)
+        j = rows * K_SLOTS + s
+        placed = tl.load(inv_ptr + j, mask=row_ok, other=0) >= 0
+        acc += tl.load(buf_ptr + j[:, None] * H + cols[None, :], mask=mask & placed[:, None], other=0.0)
+        dropped += (row_ok & ~placed).to(tl.int32)
+    acc = tl.where(dropped[:, None] > 0, float("nan"), acc)
     tl.store(y_ptr + rows[:, None] * H + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+    if COUNT_BAD:
+        if tl.program_id(1) == 0:
+            tl.atomic_add(bad_ptr, tl.sum((dropped > 0).to(tl.int32), axis=0))
+
+
+# Tiles of the TMA path (H200, bench/bench_moe.py; kernels/gemm.py's sweeps for the same GEMM
+# shapes): the up GEMM as SwiGLU's merged weights (128 x 128 per weight, 4 stages), the down
+# GEMM as a plain matmul (128 x 256, 3 stages); 64-row blocks where experts get few entries.
+_TMA_TILES = dict(up_n=128, up_k=64, up_stages=4, down_n=256, down_k=64, down_stages=3, warps=8, group_m=8)
 
 
 def _moe_blocks(T, K, E, H, I, block_m):
-    """(BLOCK_M, up BLOCK_N, up BLOCK_K, down BLOCK_N, down BLOCK_K). BLOCK_M: few entries per
-    expert (decode) want 16-row blocks (less padding), prefill 64; tl.dot needs 16 at least.
-    The interpreter gets small tiles, so its cases cross several of them."""
+    """(BLOCK_M, up BLOCK_N, up BLOCK_K, down BLOCK_N, down BLOCK_K) of the pointer kernels.
+    BLOCK_M: few entries per expert (decode) want 16-row blocks (less padding), prefill 64;
+    tl.dot needs 16 at least. The interpreter gets small tiles, so its cases cross several of
+    them."""
     if block_m is None:
         block_m = 16 if interpreting() or T * K <= 4 * E * 16 else 64
     cap = 16 if interpreting() else 64
@@ -377,8 +473,94 @@ def _moe_blocks(T, K, E, H, I, block_m):
     return block_m, bn_up, bk_up, bn_dn, bk_dn
 
 
+def _tma_block_m(T, K, E, block_m):
+    """Row block of the TMA path: 128 when experts average 128 entries or more, else 64;
+    the interpreter's 16."""
+    if block_m is not None:
+        return block_m
+    if interpreting():
+        return 16
+    return 128 if T * K >= 128 * E else 64
+
+
+def _use_tma(x, w13, w2, T, K, E, block_m):
+    """The TMA path: 16-bit operands, row-major weights with 16-byte aligned rows, on a Hopper
+    GPU (or the interpreter), and enough entries per expert for 64-row blocks; decode-sized
+    calls keep the pointer kernels' 16-row blocks."""
+    if x.element_size() != 2 or not w13.is_contiguous() or not w2.is_contiguous():
+        return False
+    H, I = x.shape[1], w2.shape[2]
+    if (H * 2) % 16 or (I * 2) % 16 or w13.data_ptr() % 16 or w2.data_ptr() % 16:
+        return False
+    if not interpreting() and (x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] < 9):
+        return False
+    if block_m is not None:
+        return block_m >= 64 or interpreting()
+    return interpreting() or T * K > 4 * E * 16
+
+
+def _tma_programs(device, tiles):
+    if interpreting():
+        return min(tiles, 3)        # a few programs, so each walks several tiles
+    return min(tiles, torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def _moe_tma(x, w13, w2, topk_weights, sorted_ids, block_expert, num, buf, bm):
+    """The two GEMMs on the TMA path: gather x's rows into slot order, then the persistent
+    up and down kernels."""
+    T, H = x.shape
+    E, I = w2.shape[0], w2.shape[2]
+    K = topk_weights.shape[1]
+    N = T * K
+    capacity = sorted_ids.shape[0]
+    cap_rows = triton.cdiv(capacity, bm) * bm
+    tl_ = _TMA_TILES if not interpreting() else dict(up_n=16, up_k=16, up_stages=1, down_n=16, down_k=16,
+                                                     down_stages=1, warps=4, group_m=2)
+    xs = allocate((cap_rows, H), x.dtype, x.device, name="x_sorted")
+    h = allocate((cap_rows, I), x.dtype, x.device, name="h")
+    block_s, block_h = 16, min(512, max(16, triton.next_power_of_2(H)))
+    _moe_gather_kernel[(triton.cdiv(cap_rows, block_s), triton.cdiv(H, block_h))](
+        x, xs, sorted_ids, num, N, K, H, x.stride(0), x.stride(1), BLOCK_S=block_s, BLOCK_H=block_h)
+    n_blocks = cap_rows // bm
+    bn, bk = min(tl_["up_n"], max(16, triton.next_power_of_2(I))), min(tl_["up_k"], max(16, triton.next_power_of_2(H)))
+    xs_d = TensorDescriptor.from_tensor(xs, [bm, bk])
+    w13_d = TensorDescriptor(w13, [2 * E, I, H], [I * H, H, 1], [2, bn, bk])
+    h_d = TensorDescriptor.from_tensor(h, [bm, bn])
+    programs = _tma_programs(x.device, n_blocks * triton.cdiv(I, bn))
+    _moe_up_tma_kernel[(programs,)](xs_d, w13_d, h_d, block_expert, num, H, I, NUM_PROGRAMS=programs,
+                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tl_["group_m"],
+                                    num_warps=tl_["warps"], num_stages=tl_["up_stages"])
+    bn, bk = min(tl_["down_n"], max(16, triton.next_power_of_2(H))), min(tl_["down_k"], max(16, triton.next_power_of_2(I)))
+    h_d = TensorDescriptor.from_tensor(h, [bm, bk])
+    w2_d = TensorDescriptor.from_tensor(w2, [1, bn, bk])
+    programs = _tma_programs(x.device, n_blocks * triton.cdiv(H, bn))
+    _moe_down_tma_kernel[(programs,)](h_d, w2_d, topk_weights, buf, sorted_ids, block_expert, num, N, K, H, I,
+                                      *topk_weights.stride(), NUM_PROGRAMS=programs, BLOCK_M=bm, BLOCK_N=bn,
+                                      BLOCK_K=bk, GROUP_M=tl_["group_m"], num_warps=tl_["warps"],
+                                      num_stages=tl_["down_stages"])
+
+
+def _moe_pointer(x, w13, w2, topk_weights, sorted_ids, block_expert, buf, T, K, E, H, I, block_m):
+    """The two GEMMs with pointer loads (any strides, fp32, decode-sized calls)."""
+    bm, bn_up, bk_up, bn_dn, bk_dn = _moe_blocks(T, K, E, H, I, block_m)
+    capacity = sorted_ids.shape[0]
+    n_blocks = block_expert.shape[0]
+    N = T * K
+    h = allocate((capacity, I), x.dtype, x.device, name="h")
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    tiles_up = triton.cdiv(I, bn_up)
+    _moe_up_kernel[(n_blocks * tiles_up,)](
+        x, w13, h, sorted_ids, block_expert, N, K, H, I, x.stride(0), x.stride(1), *w13.stride(), tiles_up,
+        BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, PRECISION=precision)
+    tiles_dn = triton.cdiv(H, bn_dn)
+    _moe_down_kernel[(n_blocks * tiles_dn,)](
+        h, w2, topk_weights, buf, sorted_ids, block_expert, N, K, H, I, *w2.stride(), *topk_weights.stride(),
+        tiles_dn, BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, PRECISION=precision)
+
+
 def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor, *, block_m: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        topk_weights: torch.Tensor, *, block_m: int | None = None, out: torch.Tensor | None = None,
+        validate: bool = True) -> torch.Tensor:
     """The expert layer of an MoE block: y[t] = sum_s w[t, s] w2[e] (silu(g) * u), (g; u) =
     w13[e] x[t], e = topk_ids[t, s]. x [T, H]; w13 [E, 2I, H] (gate rows, then up rows) and
     w2 [E, H, I] in x's dtype; topk_ids int32 [T, k] in [0, E); topk_weights fp32 [T, k].
@@ -414,31 +596,26 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
     if block_m is not None and (isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 16
                                 or block_m & (block_m - 1) or block_m > 256):
         raise ValueError(f"block_m: expected a power of two from 16 to 256, got {block_m!r}")
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate: expected a bool, got {type(validate).__name__}")
     K = topk_ids.shape[1]
     out = new_out(out, (T, H), x.dtype, x.device)
     if T == 0:
         return out
-    lo, hi = int(topk_ids.min()), int(topk_ids.max())     # a host sync: ids out of range are an error
-    if lo < 0 or hi >= E:
-        raise ValueError(f"topk_ids: expected expert ids in [0, {E}), got values from {lo} to {hi}")
-    bm, bn_up, bk_up, bn_dn, bk_dn = _moe_blocks(T, K, E, H, I, block_m)
-    sorted_ids, block_expert, _, _ = moe_permute(topk_ids, E, bm)
-    capacity = sorted_ids.shape[0]
-    n_blocks = block_expert.shape[0]
-    N = T * K
-    h = allocate((capacity, I), x.dtype, x.device, name="h")
-    buf = allocate((N, H), torch.float32, x.device, name="moe_partial")
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    tiles_up = triton.cdiv(I, bn_up)
-    _moe_up_kernel[(n_blocks * tiles_up,)](
-        x, w13, h, sorted_ids, block_expert, N, K, H, I, x.stride(0), x.stride(1), *w13.stride(), tiles_up,
-        BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, PRECISION=precision)
-    tiles_dn = triton.cdiv(H, bn_dn)
-    _moe_down_kernel[(n_blocks * tiles_dn,)](
-        h, w2, topk_weights, buf, sorted_ids, block_expert, N, K, H, I, *w2.stride(), *topk_weights.stride(),
-        tiles_dn, BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, PRECISION=precision)
+    bm = _tma_block_m(T, K, E, block_m) if _use_tma(x, w13, w2, T, K, E, block_m) else None
+    sorted_ids, block_expert, num, inv = moe_permute(topk_ids, E, bm or _moe_blocks(T, K, E, H, I, block_m)[0])
+    buf = allocate((T * K, H), torch.float32, x.device, name="moe_partial")
+    if bm is not None:
+        _moe_tma(x, w13, w2, topk_weights, sorted_ids, block_expert, num, buf, bm)
+    else:
+        _moe_pointer(x, w13, w2, topk_weights, sorted_ids, block_expert, buf, T, K, E, H, I, block_m)
+    bad = allocate((1,), torch.int32, x.device, name="bad_ids", zero=True) if validate else buf
     block_t = 16
     block_n = min(128, max(16, triton.next_power_of_2(H)))
     _moe_combine_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
-        buf, out, T, H, K, BLOCK_T=block_t, BLOCK_N=block_n)
+        buf, inv, bad, out, T, H, K, COUNT_BAD=validate, BLOCK_T=block_t, BLOCK_N=block_n)
+    if validate and int(bad.item()):         # the call's only host sync, after all its launches
+        lo, hi = (int(v) for v in torch.aminmax(topk_ids))
+        raise ValueError(f"topk_ids: expected expert ids in [0, {E}), got {int(bad.item())} tokens with ids "
+                         f"outside it (min {lo}, max {hi}); their rows of the output are NaN")
     return out
