@@ -30,6 +30,7 @@ MAX_EXPERTS = 1024
 SCORINGS = ("softmax", "sigmoid")
 _LOW_BITS = 1 << 20            # the expert index's room in the integer key (>= MAX_EXPERTS)
 _INT32_MAX = 2**31 - 1
+_ONE_CHUNK_CAPACITY = 1 << 16     # a one-program permutation fills at most this many slots
 
 
 @triton.jit
@@ -190,6 +191,15 @@ def _segments(totals_ptr, E, block, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
+def _block_owners(ends, num, first, E, BLOCK_E: tl.constexpr):
+    """The expert of each block that starts at slot `first`: how many segments end at or before
+    it; -1 for blocks past the padded length `num`."""
+    experts = tl.arange(0, BLOCK_E)
+    owner = tl.sum(((ends[None, :] <= first[:, None]) & (experts < E)[None, :]).to(tl.int32), axis=1)
+    return tl.where(first < num, owner, -1)
+
+
+@triton.jit
 def _fill_kernel(totals_ptr, sorted_ptr, block_expert_ptr, num_ptr, capacity, n_blocks, sentinel, E, block,
                  BLOCK_F: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_E: tl.constexpr):
     pid = tl.program_id(0)
@@ -197,13 +207,34 @@ def _fill_kernel(totals_ptr, sorted_ptr, block_expert_ptr, num_ptr, capacity, n_
     slots = pid.to(tl.int64) * BLOCK_F + tl.arange(0, BLOCK_F)
     tl.store(sorted_ptr + slots, tl.full([BLOCK_F], 0, tl.int32) + sentinel, mask=slots < capacity)
     blocks = pid.to(tl.int64) * BLOCK_J + tl.arange(0, BLOCK_J)
-    first = blocks * block                          # a block's first slot
-    experts = tl.arange(0, BLOCK_E)
-    # The block's expert: how many segments end at or before its first slot.
-    owner = tl.sum(((ends[None, :] <= first[:, None]) & (experts < E)[None, :]).to(tl.int32), axis=1)
-    owner = tl.where(first < num, owner, -1)
-    tl.store(block_expert_ptr + blocks, owner, mask=blocks < n_blocks)
+    tl.store(block_expert_ptr + blocks, _block_owners(ends, num, blocks * block, E, BLOCK_E), mask=blocks < n_blocks)
     tl.store(num_ptr, num, mask=pid == 0)
+
+
+@triton.jit
+def _permute_one_chunk_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_ptr, inv_ptr, N, K, s0, s1, E, block,
+                              capacity, n_blocks, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                              BLOCK_F: tl.constexpr, BLOCK_J: tl.constexpr):
+    """The whole permutation in one program when the entries fit one chunk (decode): the four
+    kernels' steps in order, the same result, one launch instead of four."""
+    j, valid, placed, onehot = _chunk_onehot(ids_ptr, tl.program_id(0), N, K, s0, s1, E, BLOCK_N, BLOCK_E)
+    hot = onehot.to(tl.int32)
+    padded = (tl.sum(hot, axis=0) + block - 1) // block * block
+    ends = tl.cumsum(padded, axis=0)
+    num = tl.sum(padded, axis=0)
+    for f0 in range(0, capacity, BLOCK_F):
+        slots = f0 + tl.arange(0, BLOCK_F)
+        tl.store(sorted_ptr + slots, tl.full([BLOCK_F], 0, tl.int32) + N, mask=slots < capacity)
+    for b0 in range(0, n_blocks, BLOCK_J):
+        blocks = b0 + tl.arange(0, BLOCK_J)
+        tl.store(block_expert_ptr + blocks, _block_owners(ends, num, blocks * block, E, BLOCK_E),
+                 mask=blocks < n_blocks)
+    tl.store(num_ptr, num)
+    tl.debug_barrier()          # the sentinel fill lands before the scatter overwrites its slots
+    rank = tl.sum(tl.cumsum(hot, axis=0) * hot, axis=1) - 1
+    pos = tl.sum((ends - padded)[None, :] * hot, axis=1) + rank
+    tl.store(sorted_ptr + pos, j.to(tl.int32), mask=placed)
+    tl.store(inv_ptr + j, tl.where(placed, pos, -1), mask=valid)
 
 
 @triton.jit
@@ -257,15 +288,20 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sor
     block_e = triton.next_power_of_2(E)
     block_n = max(16, min(1024, 8192 // block_e))
     n_chunks = triton.cdiv(N, block_n)
+    s0, s1 = topk_ids.stride()
+    block_f = 1024
+    block_j = max(1, min(256, 4096 // block_e))
+    if n_chunks == 1 and capacity <= _ONE_CHUNK_CAPACITY:
+        _permute_one_chunk_kernel[(1,)](topk_ids, out_sorted, out_block_expert, out_num, out_inv, N, K, s0, s1, E,
+                                        block, capacity, n_blocks, BLOCK_N=block_n, BLOCK_E=block_e,
+                                        BLOCK_F=block_f, BLOCK_J=block_j)
+        return out_sorted, out_block_expert, out_num, out_inv
     counts = allocate((max(n_chunks, 1), E), torch.int32, dev, name="counts")
     totals = allocate((E,), torch.int32, dev, name="totals", zero=True)
-    s0, s1 = topk_ids.stride()
     if n_chunks:
         _count_kernel[(n_chunks,)](topk_ids, counts, N, K, s0, s1, E, BLOCK_N=block_n, BLOCK_E=block_e)
         block_x = min(32, block_e)
         _scan_kernel[(triton.cdiv(E, block_x),)](counts, totals, n_chunks, E, BLOCK_C=64, BLOCK_X=block_x)
-    block_f = 1024
-    block_j = max(1, min(256, 4096 // block_e))
     grid = max(triton.cdiv(capacity, block_f), triton.cdiv(n_blocks, block_j), 1)
     _fill_kernel[(grid,)](totals, out_sorted, out_block_expert, out_num, capacity, n_blocks, N, E, block,
                           BLOCK_F=block_f, BLOCK_J=block_j, BLOCK_E=block_e)
@@ -325,20 +361,17 @@ def _moe_up_kernel(x_ptr, w13_ptr, h_ptr, sorted_ptr, block_expert_ptr, N_ENTRIE
 
 
 @triton.jit
-def _moe_down_kernel(h_ptr, w2_ptr, tw_ptr, buf_ptr, sorted_ptr, block_expert_ptr, N_ENTRIES, K_SLOTS, H, I,
-                     sw0, sw1, sw2, st0, st1, n_tiles,
+def _moe_down_kernel(h_ptr, w2_ptr, buf_ptr, sorted_ptr, block_expert_ptr, N_ENTRIES, H, I, sw0, sw1, sw2, n_tiles,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """One BLOCK_M x BLOCK_N tile of (h W2_e^T) times each row's routing weight, in fp32, stored at
-    row j (the entry's own index) of the [T k, H] buffer."""
+    """One BLOCK_M x BLOCK_N tile of h W2_e^T in fp32, stored at the same slots of the
+    [slots, H] buffer (the combine applies the routing weights)."""
     pid = tl.program_id(0)
     blk = pid // n_tiles
     nt = pid % n_tiles
     e = tl.load(block_expert_ptr + blk)
     if e >= 0:
         slots = blk.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        entry = tl.load(sorted_ptr + slots)
-        live = entry < N_ENTRIES
-        j = tl.where(live, entry, 0).to(tl.int64)
+        live = tl.load(sorted_ptr + slots) < N_ENTRIES
         cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < H
         ks = tl.arange(0, BLOCK_K)
@@ -349,9 +382,7 @@ def _moe_down_kernel(h_ptr, w2_ptr, tw_ptr, buf_ptr, sorted_ptr, block_expert_pt
             a = tl.load(h_ptr + slots[:, None] * I + kk[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
             w = _weight_tile(w2_ptr, e, cols, kk, sw0, sw1, sw2, col_ok[:, None] & k_ok[None, :])
             acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
-        rw = tl.load(tw_ptr + (j // K_SLOTS) * st0 + (j % K_SLOTS) * st1, mask=live, other=0.0)
-        acc = acc * rw[:, None]
-        tl.store(buf_ptr + j[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
+        tl.store(buf_ptr + slots[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -398,12 +429,12 @@ def _moe_up_tma_kernel(xs_desc, w_desc, h_desc, block_expert_ptr, num_ptr, H, I,
 
 
 @triton.jit
-def _moe_down_tma_kernel(h_desc, w_desc, tw_ptr, buf_ptr, sorted_ptr, block_expert_ptr, num_ptr, N_ENTRIES,
-                         K_SLOTS, H, I, st0, st1, NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _moe_down_tma_kernel(h_desc, w_desc, buf_desc, H, I, block_expert_ptr, num_ptr, NUM_PROGRAMS: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr):
     """The down GEMM on the TMA path: h's row blocks times expert e's w2 (a [1, BLOCK_N, BLOCK_K]
-    box of w2 [E, H, I]), scaled by each row's routing weight and stored, fp32, at row j (the
-    entry's own index) of the [T k, H] buffer, as _moe_down_kernel does."""
+    box of w2 [E, H, I]), stored in fp32 at the same slots of the [slots, H] buffer by TMA
+    (asynchronous: the next tile's loads overlap it)."""
     used = tl.load(num_ptr) // BLOCK_M
     num_tiles = used * tl.cdiv(H, BLOCK_N)
     k_tiles = tl.cdiv(I, BLOCK_K)
@@ -417,23 +448,16 @@ def _moe_down_tma_kernel(h_desc, w_desc, tw_ptr, buf_ptr, sorted_ptr, block_expe
             a = h_desc.load([off_m, k * BLOCK_K])
             w = w_desc.load([e, off_n, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K)
             acc = tl.dot(a, w.T, acc)
-        slots = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
-        entry = tl.load(sorted_ptr + slots)
-        live = entry < N_ENTRIES
-        j = tl.where(live, entry, 0).to(tl.int64)
-        cols = off_n + tl.arange(0, BLOCK_N)
-        col_ok = cols < H
-        rw = tl.load(tw_ptr + (j // K_SLOTS) * st0 + (j % K_SLOTS) * st1, mask=live, other=0.0)
-        acc = acc * rw[:, None]
-        tl.store(buf_ptr + j[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
+        buf_desc.store([off_m, off_n], acc)
 
 
 @triton.jit
-def _moe_combine_kernel(buf_ptr, inv_ptr, bad_ptr, y_ptr, T, H, K_SLOTS, COUNT_BAD: tl.constexpr,
+def _moe_combine_kernel(buf_ptr, inv_ptr, tw_ptr, bad_ptr, y_ptr, T, H, K_SLOTS, st0, st1, COUNT_BAD: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y[t] = sum over the slots s = 0, 1, .. of buf[t k + s], in fp32 in that order; rounded once.
-    A token with an id outside [0, E) (moe_permute placed it nowhere: inv = -1) gets a NaN row,
-    never a partial sum, and COUNT_BAD counts such tokens into bad_ptr."""
+    """y[t] = sum over the slots s = 0, 1, .. of w[t, s] buf[inv[t k + s]], in fp32 in that
+    order; rounded once. A token with an id outside [0, E) (moe_permute placed it nowhere:
+    inv = -1) gets a NaN row, never a partial sum, and COUNT_BAD counts such tokens into
+    bad_ptr."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < T
@@ -441,9 +465,12 @@ def _moe_combine_kernel(buf_ptr, inv_ptr, bad_ptr, y_ptr, T, H, K_SLOTS, COUNT_B
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     dropped = tl.zeros([BLOCK_T], dtype=tl.int32)
     for s in range(0, K_SLOTS):
-        j = rows * K_SLOTS + s
-        placed = tl.load(inv_ptr + j, mask=row_ok, other=0) >= 0
-        acc += tl.load(buf_ptr + j[:, None] * H + cols[None, :], mask=mask & placed[:, None], other=0.0)
+        slot = tl.load(inv_ptr + rows * K_SLOTS + s, mask=row_ok, other=0)
+        placed = slot >= 0
+        rw = tl.load(tw_ptr + rows * st0 + s * st1, mask=row_ok, other=0.0)
+        part = tl.load(buf_ptr + slot.to(tl.int64)[:, None] * H + cols[None, :], mask=mask & placed[:, None],
+                       other=0.0)
+        acc += part * rw[:, None]
         dropped += (row_ok & ~placed).to(tl.int32)
     acc = tl.where(dropped[:, None] > 0, float("nan"), acc)
     tl.store(y_ptr + rows[:, None] * H + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -452,25 +479,35 @@ def _moe_combine_kernel(buf_ptr, inv_ptr, bad_ptr, y_ptr, T, H, K_SLOTS, COUNT_B
             tl.atomic_add(bad_ptr, tl.sum((dropped > 0).to(tl.int32), axis=0))
 
 
-# Tiles of the TMA path (H200, bench/bench_moe.py; kernels/gemm.py's sweeps for the same GEMM
-# shapes): the up GEMM as SwiGLU's merged weights (128 x 128 per weight, 4 stages), the down
-# GEMM as a plain matmul (128 x 256, 3 stages); 64-row blocks where experts get few entries.
-_TMA_TILES = dict(up_n=128, up_k=64, up_stages=4, down_n=256, down_k=64, down_stages=3, warps=8, group_m=8)
+# Tiles of the TMA path (H200, bench/explore_moe.py): the up GEMM as kernels/gemm.py's SwiGLU
+# with merged weights (128 x 128 per weight, 4 stages), the down GEMM 128 x 128 (its fp32 TMA
+# store needs the shared memory of a 256-wide tile); 64-row blocks where experts average fewer
+# than 128 entries.
+_TMA_TILES = dict(up_n=128, up_k=64, up_stages=4, down_n=128, down_k=64, down_stages=4, warps=8, group_m=8)
+# Tiles of the pointer kernels on a GPU, explored on the H200 in CUDA graphs (bench/explore_moe.py):
+# 16-bit decode-sized calls stream the weights in narrow, deep tiles (Mixtral T 1: 199 us against
+# 260 with 64 x 64); fp32 and prefill-sized calls keep 64 x 64 (fp32 deep tiles overflow shared memory).
+_DECODE_TILES = dict(up_n=32, up_k=256, down_n=32, down_k=256, warps=4, stages=3)
+_POINTER_TILES = dict(up_n=64, up_k=64, down_n=128, down_k=64, warps=4, stages=3)
+_INTERPRETER_TILES = dict(up_n=16, up_k=16, down_n=16, down_k=16, warps=4, stages=1)
 
 
-def _moe_blocks(T, K, E, H, I, block_m):
-    """(BLOCK_M, up BLOCK_N, up BLOCK_K, down BLOCK_N, down BLOCK_K) of the pointer kernels.
-    BLOCK_M: few entries per expert (decode) want 16-row blocks (less padding), prefill 64;
-    tl.dot needs 16 at least. The interpreter gets small tiles, so its cases cross several of
-    them."""
+def _moe_blocks(T, K, E, H, I, block_m, elem_size=2):
+    """(BLOCK_M, up BLOCK_N, up BLOCK_K, down BLOCK_N, down BLOCK_K, warps, stages) of the pointer
+    kernels. BLOCK_M: few entries per expert (decode) want 16-row blocks (less padding), prefill
+    64; tl.dot needs 16 at least. The interpreter gets small tiles, so its cases cross several
+    of them."""
     if block_m is None:
         block_m = 16 if interpreting() or T * K <= 4 * E * 16 else 64
-    cap = 16 if interpreting() else 64
-    bn_up = min(cap, max(16, triton.next_power_of_2(I)))
-    bk_up = min(cap, max(16, triton.next_power_of_2(H)))
-    bn_dn = min(cap * (1 if interpreting() else 2), max(16, triton.next_power_of_2(H)))
-    bk_dn = min(cap, max(16, triton.next_power_of_2(I)))
-    return block_m, bn_up, bk_up, bn_dn, bk_dn
+    if interpreting():
+        t = _INTERPRETER_TILES
+    else:
+        t = _DECODE_TILES if block_m == 16 and elem_size == 2 else _POINTER_TILES
+
+    def fit(cap, n):
+        return min(cap, max(16, triton.next_power_of_2(n)))
+    return (block_m, fit(t["up_n"], I), fit(t["up_k"], H), fit(t["down_n"], H), fit(t["down_k"], I),
+            t["warps"], t["stages"])
 
 
 def _tma_block_m(T, K, E, block_m):
@@ -505,57 +542,62 @@ def _tma_programs(device, tiles):
     return min(tiles, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def _moe_tma(x, w13, w2, topk_weights, sorted_ids, block_expert, num, buf, bm):
+def _moe_tma(x, w13, w2, sorted_ids, block_expert, num, bm):
     """The two GEMMs on the TMA path: gather x's rows into slot order, then the persistent
-    up and down kernels."""
+    up and down kernels. Returns the fp32 [slots, H] buffer of the down GEMM."""
     T, H = x.shape
     E, I = w2.shape[0], w2.shape[2]
-    K = topk_weights.shape[1]
-    N = T * K
-    capacity = sorted_ids.shape[0]
-    cap_rows = triton.cdiv(capacity, bm) * bm
-    tl_ = _TMA_TILES if not interpreting() else dict(up_n=16, up_k=16, up_stages=1, down_n=16, down_k=16,
-                                                     down_stages=1, warps=4, group_m=2)
-    xs = allocate((cap_rows, H), x.dtype, x.device, name="x_sorted")
-    h = allocate((cap_rows, I), x.dtype, x.device, name="h")
+    N = sorted_ids.numel() - E * (bm - 1)           # T k (permute_capacity)
+    rows = block_expert.shape[0] * bm
+    t = _TMA_TILES if not interpreting() else dict(up_n=16, up_k=16, up_stages=1, down_n=16, down_k=16,
+                                                   down_stages=1, warps=4, group_m=2)
+    xs = allocate((rows, H), x.dtype, x.device, name="x_sorted")
+    h = allocate((rows, I), x.dtype, x.device, name="h")
+    buf = allocate((rows, H), torch.float32, x.device, name="moe_partial")
     block_s, block_h = 16, min(512, max(16, triton.next_power_of_2(H)))
-    _moe_gather_kernel[(triton.cdiv(cap_rows, block_s), triton.cdiv(H, block_h))](
-        x, xs, sorted_ids, num, N, K, H, x.stride(0), x.stride(1), BLOCK_S=block_s, BLOCK_H=block_h)
-    n_blocks = cap_rows // bm
-    bn, bk = min(tl_["up_n"], max(16, triton.next_power_of_2(I))), min(tl_["up_k"], max(16, triton.next_power_of_2(H)))
+    _moe_gather_kernel[(triton.cdiv(rows, block_s), triton.cdiv(H, block_h))](
+        x, xs, sorted_ids, num, N, N // T, H, x.stride(0), x.stride(1), BLOCK_S=block_s, BLOCK_H=block_h)
+
+    def fit(cap, n):
+        return min(cap, max(16, triton.next_power_of_2(n)))
+    bn, bk = fit(t["up_n"], I), fit(t["up_k"], H)
     xs_d = TensorDescriptor.from_tensor(xs, [bm, bk])
     w13_d = TensorDescriptor(w13, [2 * E, I, H], [I * H, H, 1], [2, bn, bk])
     h_d = TensorDescriptor.from_tensor(h, [bm, bn])
-    programs = _tma_programs(x.device, n_blocks * triton.cdiv(I, bn))
+    programs = _tma_programs(x.device, block_expert.shape[0] * triton.cdiv(I, bn))
     _moe_up_tma_kernel[(programs,)](xs_d, w13_d, h_d, block_expert, num, H, I, NUM_PROGRAMS=programs,
-                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tl_["group_m"],
-                                    num_warps=tl_["warps"], num_stages=tl_["up_stages"])
-    bn, bk = min(tl_["down_n"], max(16, triton.next_power_of_2(H))), min(tl_["down_k"], max(16, triton.next_power_of_2(I)))
+                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=t["group_m"],
+                                    num_warps=t["warps"], num_stages=t["up_stages"])
+    bn, bk = fit(t["down_n"], H), fit(t["down_k"], I)
     h_d = TensorDescriptor.from_tensor(h, [bm, bk])
     w2_d = TensorDescriptor.from_tensor(w2, [1, bn, bk])
-    programs = _tma_programs(x.device, n_blocks * triton.cdiv(H, bn))
-    _moe_down_tma_kernel[(programs,)](h_d, w2_d, topk_weights, buf, sorted_ids, block_expert, num, N, K, H, I,
-                                      *topk_weights.stride(), NUM_PROGRAMS=programs, BLOCK_M=bm, BLOCK_N=bn,
-                                      BLOCK_K=bk, GROUP_M=tl_["group_m"], num_warps=tl_["warps"],
-                                      num_stages=tl_["down_stages"])
+    buf_d = TensorDescriptor.from_tensor(buf, [bm, bn])
+    programs = _tma_programs(x.device, block_expert.shape[0] * triton.cdiv(H, bn))
+    _moe_down_tma_kernel[(programs,)](h_d, w2_d, buf_d, H, I, block_expert, num, NUM_PROGRAMS=programs,
+                                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=t["group_m"],
+                                      num_warps=t["warps"], num_stages=t["down_stages"])
+    return buf
 
 
-def _moe_pointer(x, w13, w2, topk_weights, sorted_ids, block_expert, buf, T, K, E, H, I, block_m):
-    """The two GEMMs with pointer loads (any strides, fp32, decode-sized calls)."""
-    bm, bn_up, bk_up, bn_dn, bk_dn = _moe_blocks(T, K, E, H, I, block_m)
+def _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m):
+    """The two GEMMs with pointer loads (any strides, fp32, decode-sized calls). Returns the
+    fp32 [slots, H] buffer of the down GEMM."""
+    bm, bn_up, bk_up, bn_dn, bk_dn, warps, stages = _moe_blocks(T, K, E, H, I, block_m, x.element_size())
     capacity = sorted_ids.shape[0]
     n_blocks = block_expert.shape[0]
     N = T * K
     h = allocate((capacity, I), x.dtype, x.device, name="h")
+    buf = allocate((capacity, H), torch.float32, x.device, name="moe_partial")
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     tiles_up = triton.cdiv(I, bn_up)
     _moe_up_kernel[(n_blocks * tiles_up,)](
         x, w13, h, sorted_ids, block_expert, N, K, H, I, x.stride(0), x.stride(1), *w13.stride(), tiles_up,
-        BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, PRECISION=precision)
+        BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, PRECISION=precision, num_warps=warps, num_stages=stages)
     tiles_dn = triton.cdiv(H, bn_dn)
     _moe_down_kernel[(n_blocks * tiles_dn,)](
-        h, w2, topk_weights, buf, sorted_ids, block_expert, N, K, H, I, *w2.stride(), *topk_weights.stride(),
-        tiles_dn, BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, PRECISION=precision)
+        h, w2, buf, sorted_ids, block_expert, N, H, I, *w2.stride(), tiles_dn,
+        BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, PRECISION=precision, num_warps=warps, num_stages=stages)
+    return buf
 
 
 def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
@@ -604,16 +646,16 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
         return out
     bm = _tma_block_m(T, K, E, block_m) if _use_tma(x, w13, w2, T, K, E, block_m) else None
     sorted_ids, block_expert, num, inv = moe_permute(topk_ids, E, bm or _moe_blocks(T, K, E, H, I, block_m)[0])
-    buf = allocate((T * K, H), torch.float32, x.device, name="moe_partial")
     if bm is not None:
-        _moe_tma(x, w13, w2, topk_weights, sorted_ids, block_expert, num, buf, bm)
+        buf = _moe_tma(x, w13, w2, sorted_ids, block_expert, num, bm)
     else:
-        _moe_pointer(x, w13, w2, topk_weights, sorted_ids, block_expert, buf, T, K, E, H, I, block_m)
+        buf = _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m)
     bad = allocate((1,), torch.int32, x.device, name="bad_ids", zero=True) if validate else buf
     block_t = 16
     block_n = min(128, max(16, triton.next_power_of_2(H)))
     _moe_combine_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
-        buf, inv, bad, out, T, H, K, COUNT_BAD=validate, BLOCK_T=block_t, BLOCK_N=block_n)
+        buf, inv, topk_weights, bad, out, T, H, K, *topk_weights.stride(), COUNT_BAD=validate,
+        BLOCK_T=block_t, BLOCK_N=block_n)
     if validate and int(bad.item()):         # the call's only host sync, after all its launches
         lo, hi = (int(v) for v in torch.aminmax(topk_ids))
         raise ValueError(f"topk_ids: expected expert ids in [0, {E}), got {int(bad.item())} tokens with ids "

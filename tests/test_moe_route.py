@@ -1,6 +1,8 @@
 """moe_route and moe_permute properties beyond the battery's cases (tests/test_ops.py): the
 permutation on ids the router cannot produce (ids of other ranks, many chunks, int64 and strided
 ids), determinism, and the float64-then-fp32 scores on every 16-bit logit."""
+import sys
+
 import pytest
 import torch
 
@@ -31,6 +33,22 @@ def test_permute_over_many_chunks_and_scan_tiles(T, k, E, block, backend):
     for name, g, w, r in zip(("sorted_ids", "block_expert", "num_padded", "inv"), got, want, ref):
         _exact(g, w, name)
         _exact(r, w, f"reference {name}")
+
+
+@pytest.mark.parametrize("T, k, E, block", [(1, 2, 8, 16), (5, 8, 128, 16), (7, 3, 5, 4), (0, 2, 4, 16),
+                                         (16, 8, 64, 64)])
+def test_one_chunk_permutation_matches_the_four_kernels(T, k, E, block, backend, monkeypatch):
+    """Entries that fit one chunk take the one-launch kernel; forced onto the four kernels, the
+    same ids give the same bits (bad ids included), and both match the oracle."""
+    gen = torch.Generator().manual_seed(T * 131 + E)
+    ids = torch.randint(-1, E + 1, (T, k), generator=gen, dtype=torch.int32).to(backend.device)
+    one = kernels.moe_permute(ids, E, block)
+    monkeypatch.setattr(sys.modules["kernels.moe"], "_ONE_CHUNK_CAPACITY", -1)
+    four = kernels.moe_permute(ids, E, block)
+    for a, b, what in zip(one, four, ("sorted_ids", "block_expert", "num_padded", "inv")):
+        _exact(a, b, what)
+    for a, b, what in zip(one, oracles.moe_permute(ids, E, block), ("sorted_ids", "block_expert", "num_padded", "inv")):
+        _exact(a, b, what)
 
 
 def test_permute_drops_ids_of_other_ranks(backend):
