@@ -82,3 +82,29 @@ def test_repeated_expert_counts_twice(backend, budgets):
     got = kernels.moe(*op._args(inp))
     assert _judge(op, inp, got, budgets.get("moe", "float32", backend.name)).passed
     assert torch.allclose(oracles.moe(*op._args(inp)).float().cpu(), got.cpu(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tma", [True, False], ids=["tma-path", "pointer-path"])
+def test_bad_ids_give_nan_rows_and_an_error_only_when_validated(tma, backend):
+    """An id outside [0, E) is found on the device: that token's row is NaN (never a sum without
+    it), the other rows are the layer's; validate=True raises naming topk_ids after the launches,
+    validate=False raises nothing. Both paths (fp16 row-major takes TMA; a transposed w13 not)."""
+    T, H, I, E = 12, 32, 16, 4
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(T, H, generator=gen).half().to(backend.device)
+    w13 = (torch.randn(E, 2 * I, H, generator=gen) / 8).half().to(backend.device)
+    if not tma:
+        w13 = w13.transpose(1, 2).contiguous().transpose(1, 2)
+    w2 = (torch.randn(E, H, I, generator=gen) / 8).half().to(backend.device)
+    ids = torch.randint(0, E, (T, 2), generator=gen, dtype=torch.int32).to(backend.device)
+    tw = torch.rand(T, 2, generator=gen).to(backend.device)
+    good = kernels.moe(x, w13, w2, ids, tw)
+    bad = ids.clone()
+    bad[3, 1], bad[7, 0] = E, -1
+    with pytest.raises(ValueError, match="topk_ids"):
+        kernels.moe(x, w13, w2, bad, tw)
+    y = kernels.moe(x, w13, w2, bad, tw, validate=False)
+    nan_rows = torch.isnan(y).all(dim=1).cpu()
+    assert nan_rows.tolist() == [t in (3, 7) for t in range(T)]
+    keep = ~nan_rows
+    assert torch.equal(y.cpu()[keep], good.cpu()[keep])
