@@ -34,6 +34,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "gated_delta_rule": ("harness.ops.gated_delta", FLOATS),
     "moe_route": ("harness.ops.moe", FLOATS),       # the dtype is the logits'; moe_permute runs on its ids
     "moe": ("harness.ops.moe", FLOATS),             # the expert layer, routing given; the dtype is x's and the weights'
+    "moe_mxfp4": ("harness.ops.moe", FLOATS),       # the expert layer on MXFP4 weights (uint8 codes, e8m0 scales); the dtype is x's
 }
 
 

@@ -600,6 +600,23 @@ def _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m):
     return buf
 
 
+def _combine(buf, inv, topk_weights, out, E, topk_ids, validate):
+    """The combine launch of both layers, and the ids' check: with validate, the count of tokens
+    with an id outside [0, E) is read back once, after every launch of the call."""
+    T, H = out.shape
+    K = topk_weights.shape[1]
+    bad = allocate((1,), torch.int32, out.device, name="bad_ids", zero=True) if validate else buf
+    block_t = 16
+    block_n = min(128, max(16, triton.next_power_of_2(H)))
+    _moe_combine_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
+        buf, inv, topk_weights, bad, out, T, H, K, *topk_weights.stride(), COUNT_BAD=validate,
+        BLOCK_T=block_t, BLOCK_N=block_n)
+    if validate and int(bad.item()):         # the call's only host sync
+        lo, hi = (int(v) for v in torch.aminmax(topk_ids))
+        raise ValueError(f"topk_ids: expected expert ids in [0, {E}), got {int(bad.item())} tokens with ids "
+                         f"outside it (min {lo}, max {hi}); their rows of the output are NaN")
+
+
 def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
         topk_weights: torch.Tensor, *, block_m: int | None = None, out: torch.Tensor | None = None,
         validate: bool = True) -> torch.Tensor:
@@ -650,14 +667,197 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
         buf = _moe_tma(x, w13, w2, sorted_ids, block_expert, num, bm)
     else:
         buf = _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m)
-    bad = allocate((1,), torch.int32, x.device, name="bad_ids", zero=True) if validate else buf
-    block_t = 16
-    block_n = min(128, max(16, triton.next_power_of_2(H)))
-    _moe_combine_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
-        buf, inv, topk_weights, bad, out, T, H, K, *topk_weights.stride(), COUNT_BAD=validate,
-        BLOCK_T=block_t, BLOCK_N=block_n)
-    if validate and int(bad.item()):         # the call's only host sync, after all its launches
-        lo, hi = (int(v) for v in torch.aminmax(topk_ids))
-        raise ValueError(f"topk_ids: expected expert ids in [0, {E}), got {int(bad.item())} tokens with ids "
-                         f"outside it (min {lo}, max {hi}); their rows of the output are NaN")
+    _combine(buf, inv, topk_weights, out, E, topk_ids, validate)
+    return out
+
+
+# =============================================================================================
+# moe_mxfp4: the expert layer with MXFP4 expert weights (docs/NUMERICS.md, "Mixture of Experts:
+# MXFP4 expert weights"). Two grouped GEMMs of its own, which decode each weight tile in
+# registers; moe_permute, the fp32 [slots, H] buffer and the combine are shared with moe above.
+# =============================================================================================
+
+from kernels.mxfp4 import BLOCK as MXFP4_BLOCK, _mxfp4_decode  # noqa: E402  (this section's own import)
+
+_F32, _F16, _BF16 = 0, 1, 2          # the GEMM operand dtype (x's): how a decoded tile reaches it
+
+
+@triton.jit
+def _mxfp4_weight_tile(q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1, ss2,
+                       BLOCK_K: tl.constexpr, OPERAND: tl.constexpr):
+    """Rows `rows` and columns k0 .. k0 + BLOCK_K - 1 of expert e's MXFP4 weight matrix (K
+    columns: codes [rows, K / 2], scales [rows, K / 32]), as a [rows, BLOCK_K] tile of the operand
+    dtype. k0 and BLOCK_K are multiples of 32, so the tile holds whole scale blocks. Rows outside
+    `row_ok` and columns past K load code 0 under scale 0: zeros. fp32 and bf16 get the decoded
+    values exactly; fp16 rounds each once (to nearest even)."""
+    e64 = e.to(tl.int64)
+    r64 = rows.to(tl.int64)[:, None]
+    nb = k0 // 2 + tl.arange(0, BLOCK_K // 2)               # code bytes: two values each
+    ns = k0 // 32 + tl.arange(0, BLOCK_K // 32)             # scale bytes: 32 values each
+    packed = tl.load(q_ptr + e64 * sq0 + r64 * sq1 + nb.to(tl.int64)[None, :] * sq2,
+                     mask=row_ok[:, None] & (nb < K // 2)[None, :], other=0)
+    scales = tl.load(s_ptr + e64 * ss0 + r64 * ss1 + ns.to(tl.int64)[None, :] * ss2,
+                     mask=row_ok[:, None] & (ns < K // 32)[None, :], other=0)
+    if OPERAND == 2:
+        return _mxfp4_decode(packed, scales, BLOCK_K, True)
+    elif OPERAND == 1:
+        return _mxfp4_decode(packed, scales, BLOCK_K).to(tl.float16)
+    else:
+        return _mxfp4_decode(packed, scales, BLOCK_K)
+
+
+@triton.jit
+def _moe_mxfp4_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, N_ENTRIES, K_SLOTS, H, I,
+                         sx0, sx1, sq0, sq1, sq2, ss0, ss1, ss2, n_tiles,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         OPERAND: tl.constexpr, PRECISION: tl.constexpr):
+    """One BLOCK_M x BLOCK_N tile of h = silu(x G_e^T) * (x U_e^T) for a block of permuted entries
+    of one expert e, G_e and U_e decoded from MXFP4 (gate rows 0 .. I-1, up rows I .. 2I-1 of
+    w13_q[e]); h[slot, i] stored in x's dtype. Padding (sentinel) slots are neither read nor
+    written."""
+    pid = tl.program_id(0)
+    blk = pid // n_tiles
+    nt = pid % n_tiles
+    e = tl.load(block_expert_ptr + blk)
+    if e >= 0:
+        slots = blk.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        entry = tl.load(sorted_ptr + slots)
+        live = entry < N_ENTRIES
+        token = tl.where(live, entry // K_SLOTS, 0).to(tl.int64)
+        cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < I
+        ks = tl.arange(0, BLOCK_K)
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            kk = k0 + ks
+            a = tl.load(x_ptr + token[:, None] * sx0 + kk.to(tl.int64)[None, :] * sx1,
+                        mask=live[:, None] & (kk < H)[None, :], other=0.0)
+            wg = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2,
+                                    BLOCK_K, OPERAND)                                  # gate rows
+            wu = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols + I, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2,
+                                    BLOCK_K, OPERAND)                                  # up rows
+            acc_g = tl.dot(a, tl.trans(wg), acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(a, tl.trans(wu), acc_u, input_precision=PRECISION)
+        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        tl.store(h_ptr + slots[:, None] * I + cols[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=live[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_mxfp4_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, sorted_ptr, block_expert_ptr, N_ENTRIES, H, I,
+                           sq0, sq1, sq2, ss0, ss1, ss2, n_tiles,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           OPERAND: tl.constexpr, PRECISION: tl.constexpr):
+    """One BLOCK_M x BLOCK_N tile of h W2_e^T, W2_e decoded from MXFP4 (w2_q[e], packed along I),
+    in fp32, stored at the same slots of the [slots, H] buffer (as _moe_down_kernel)."""
+    pid = tl.program_id(0)
+    blk = pid // n_tiles
+    nt = pid % n_tiles
+    e = tl.load(block_expert_ptr + blk)
+    if e >= 0:
+        slots = blk.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        live = tl.load(sorted_ptr + slots) < N_ENTRIES
+        cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < H
+        ks = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            kk = k0 + ks
+            a = tl.load(h_ptr + slots[:, None] * I + kk[None, :], mask=live[:, None] & (kk < I)[None, :], other=0.0)
+            w = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols, col_ok, k0, I, sq0, sq1, sq2, ss0, ss1, ss2,
+                                   BLOCK_K, OPERAND)
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+        tl.store(buf_ptr + slots[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
+
+
+def _moe_mxfp4_blocks(T, K, E, H, I, block_m):
+    """(BLOCK_M, up BLOCK_N, up BLOCK_K, down BLOCK_N, down BLOCK_K). BLOCK_M as moe's. BLOCK_K is a
+    power of two >= 32 (whole scale blocks); up to 128 on a GPU, so a row of a tile is 64 code bytes
+    and 4 scale bytes. The interpreter gets 64-wide tiles at most: H and I, multiples of 32, then
+    end in a partial tile whenever they are an odd multiple of 32 (a 32-wide tile never would)."""
+    if block_m is None:
+        block_m = 16 if interpreting() or T * K <= 4 * E * 16 else 64
+    interp = interpreting()
+    cap_n_up, cap_n_dn, cap_k = (64, 64, 64) if interp else (64, 128, 128)
+    bn_up = min(cap_n_up, max(16, triton.next_power_of_2(I)))
+    bk_up = min(cap_k, max(MXFP4_BLOCK, triton.next_power_of_2(H)))
+    bn_dn = min(cap_n_dn, max(16, triton.next_power_of_2(H)))
+    bk_dn = min(cap_k, max(MXFP4_BLOCK, triton.next_power_of_2(I)))
+    return block_m, bn_up, bk_up, bn_dn, bk_dn
+
+
+def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2_q: torch.Tensor,
+              w2_scales: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
+              block_m: int | None = None, out: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
+    """The expert layer of `moe` with MXFP4 expert weights, dequantized inside the kernels:
+    x [T, H] (fp32, fp16, bf16); w13_q uint8 [E, 2I, H/2] (gate rows, then up rows; element 2j of a
+    row in the low nibble of byte j) and w13_scales uint8 [E, 2I, H/32] (e8m0, one per 32 values
+    along H); w2_q uint8 [E, H, I/2] and w2_scales uint8 [E, H, I/32]; H and I multiples of 32;
+    topk_ids int32 [T, k] in [0, E); topk_weights fp32 [T, k]. Returns y [T, H] in x's dtype (or
+    `out`). Bad ids: as `moe` (NaN rows; validate=True raises after the launches).
+    docs/NUMERICS.md, "Mixture of Experts: MXFP4 expert weights"."""
+    u8 = (torch.uint8,)
+    check_tensor("x", x, ndim=2)
+    check_tensor("w13_q", w13_q, dtypes=u8, ndim=3)
+    check_tensor("w13_scales", w13_scales, dtypes=u8, ndim=3)
+    check_tensor("w2_q", w2_q, dtypes=u8, ndim=3)
+    check_tensor("w2_scales", w2_scales, dtypes=u8, ndim=3)
+    check_tensor("topk_ids", topk_ids, dtypes=(torch.int32,), ndim=2)
+    check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2)
+    B = MXFP4_BLOCK
+    T, H = x.shape
+    if H == 0 or H % B:
+        raise ValueError(f"x: expected a hidden size H (dim 1) that is a positive multiple of {B} (the MXFP4 "
+                         f"scale block), got shape {tuple(x.shape)}")
+    E, I2, Hq = w13_q.shape
+    if not 1 <= E <= MAX_EXPERTS:
+        raise ValueError(f"w13_q: expected 1 to {MAX_EXPERTS} experts (dim 0), got shape {tuple(w13_q.shape)}")
+    if Hq != H // 2:
+        raise ValueError(f"w13_q: expected [E, 2I, H/2] with H/2 = {H // 2} (x's H = {H}, two codes a byte), "
+                         f"got shape {tuple(w13_q.shape)}")
+    if I2 == 0 or I2 % (2 * B):
+        raise ValueError(f"w13_q: expected [E, 2I, H/2] with I a positive multiple of {B} (gate rows, then up "
+                         f"rows), got shape {tuple(w13_q.shape)}")
+    I = I2 // 2
+    want = {"w13_scales": (E, 2 * I, H // B), "w2_q": (E, H, I // 2), "w2_scales": (E, H, I // B)}
+    for name, t in (("w13_scales", w13_scales), ("w2_q", w2_q), ("w2_scales", w2_scales)):
+        if tuple(t.shape) != want[name]:
+            raise ValueError(f"{name}: expected shape {want[name]} for x {tuple(x.shape)} and w13_q "
+                             f"{tuple(w13_q.shape)} (E {E}, H {H}, I {I}), got {tuple(t.shape)}")
+    if topk_ids.shape[0] != T or topk_ids.shape[1] < 1:
+        raise ValueError(f"topk_ids: expected shape ({T}, k) with k >= 1 (one row per token of x), "
+                         f"got {tuple(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_weights: expected the shape of topk_ids {tuple(topk_ids.shape)}, "
+                         f"got {tuple(topk_weights.shape)}")
+    check_same_device(x=x, w13_q=w13_q, w13_scales=w13_scales, w2_q=w2_q, w2_scales=w2_scales,
+                      topk_ids=topk_ids, topk_weights=topk_weights, out=out)
+    if block_m is not None and (isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 16
+                                or block_m & (block_m - 1) or block_m > 256):
+        raise ValueError(f"block_m: expected a power of two from 16 to 256, got {block_m!r}")
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate: expected a bool, got {type(validate).__name__}")
+    K = topk_ids.shape[1]
+    out = new_out(out, (T, H), x.dtype, x.device)
+    if T == 0:
+        return out
+    bm, bn_up, bk_up, bn_dn, bk_dn = _moe_mxfp4_blocks(T, K, E, H, I, block_m)
+    sorted_ids, block_expert, _, inv = moe_permute(topk_ids, E, bm)
+    n_blocks = block_expert.shape[0]
+    N = T * K
+    h = allocate((sorted_ids.shape[0], I), x.dtype, x.device, name="h")
+    buf = allocate((sorted_ids.shape[0], H), torch.float32, x.device, name="moe_partial")
+    operand = {torch.float32: _F32, torch.float16: _F16, torch.bfloat16: _BF16}[x.dtype]
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"      # (only fp32 operands read it)
+    tiles_up = triton.cdiv(I, bn_up)
+    _moe_mxfp4_up_kernel[(n_blocks * tiles_up,)](
+        x, w13_q, w13_scales, h, sorted_ids, block_expert, N, K, H, I, x.stride(0), x.stride(1),
+        *w13_q.stride(), *w13_scales.stride(), tiles_up,
+        BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, OPERAND=operand, PRECISION=precision)
+    tiles_dn = triton.cdiv(H, bn_dn)
+    _moe_mxfp4_down_kernel[(n_blocks * tiles_dn,)](
+        h, w2_q, w2_scales, buf, sorted_ids, block_expert, N, H, I, *w2_q.stride(), *w2_scales.stride(), tiles_dn,
+        BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, OPERAND=operand, PRECISION=precision)
+    _combine(buf, inv, topk_weights, out, E, topk_ids, validate)
     return out

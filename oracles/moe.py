@@ -6,6 +6,7 @@ import math
 import torch
 
 from oracles._torch import f64, one_thread
+from oracles.mxfp4 import dequantize_mxfp4
 
 
 def scores(logits, scoring):
@@ -123,3 +124,26 @@ def moe_magnitudes(x, w13, w2, topk_ids, topk_weights):
             v[t] += w[t, s] * (w2e * (g * u).abs().clamp(min=tiny)).sum(-1)
             bound[t] += w[t, s] * (w2e * (u.abs() * s_gate + g.abs() * s_up)).sum(-1)
     return v, bound
+
+
+# ---------------------------------------------------------------------------------------------
+# moe_mxfp4: the layer on MXFP4 weights (docs/NUMERICS.md, "Mixture of Experts: MXFP4 expert
+# weights"). The weights are dequantized here from the code fields (oracles.mxfp4, nothing of
+# the kernels), rounded once to x's dtype as the contract says, and run through the layer above.
+# ---------------------------------------------------------------------------------------------
+
+def mxfp4_weights(x, w13_q, w13_scales, w2_q, w2_scales):
+    """(W13, W2): the float64 values of the MXFP4 weights as x's dtype holds them (exact in fp32
+    and bf16 up to overflow; fp16 rounds once), NaN for whole blocks of scale byte 255."""
+    return dequantize_mxfp4(w13_q, w13_scales, x.dtype), dequantize_mxfp4(w2_q, w2_scales, x.dtype)
+
+
+def moe_mxfp4(x, w13_q, w13_scales, w2_q, w2_scales, topk_ids, topk_weights):
+    w13, w2 = mxfp4_weights(x, w13_q, w13_scales, w2_q, w2_scales)
+    return moe(x, w13, w2, topk_ids, topk_weights)
+
+
+def moe_mxfp4_magnitudes(x, w13_q, w13_scales, w2_q, w2_scales, topk_ids, topk_weights):
+    """moe_magnitudes (V, B) of the layer on the dequantized weights."""
+    w13, w2 = mxfp4_weights(x, w13_q, w13_scales, w2_q, w2_scales)
+    return moe_magnitudes(x, w13, w2, topk_ids, topk_weights)

@@ -3,6 +3,8 @@ fused_topk in torch): fp32 scores, torch.topk, gather, and a stable argsort for 
 torch.topk does not promise the lower index at ties: that is the point of the exact tie rule."""
 import torch
 
+from references.mxfp4 import dequantize_mxfp4
+
 
 def moe_route(logits, top_k, scoring="softmax", bias=None, renormalize=False, routed_scaling_factor=1.0):
     if scoring == "softmax":
@@ -58,3 +60,12 @@ def moe(x, w13, w2, topk_ids, topk_weights):
         ye = torch.nn.functional.linear(h, w2[e]) * topk_weights[tok, slot, None].to(x.dtype)
         out.index_add_(0, tok, ye)
     return out
+
+
+def moe_mxfp4(x, w13_q, w13_scales, w2_q, w2_scales, topk_ids, topk_weights):
+    """What a PyTorch user writes for MXFP4 expert weights: dequantize both tensors into x's dtype
+    with torch ops (a lookup table of the e2m1 values times exp2 of the scale), then the eager
+    per-expert loop above."""
+    w13 = dequantize_mxfp4(w13_q, w13_scales, x.dtype)
+    w2 = dequantize_mxfp4(w2_q, w2_scales, x.dtype)
+    return moe(x, w13, w2, topk_ids, topk_weights)

@@ -85,6 +85,18 @@ def MOE(d, T_=4, H=24, I=16, E=8, k=2, dtype=torch.float32, **kw):
     return kernels.moe(**args)
 
 
+def MOEMX(d, T_=4, H=64, I=32, E=8, k=2, dtype=torch.float32, **kw):
+    """moe_mxfp4 on small valid inputs (T 4, H 64, I 32, E 8, top_k 2; codes and scales of 0: zero
+    weights), any argument replaced by kw."""
+    args = dict(x=T(T_, H, dtype=dtype, device=d), w13_q=U8(E, 2 * I, H // 2, device=d),
+                w13_scales=U8(E, 2 * I, H // 32, device=d), w2_q=U8(E, H, I // 2, device=d),
+                w2_scales=U8(E, H, I // 32, device=d),
+                topk_ids=torch.randint(0, E, (T_, k), dtype=torch.int32, device=d),
+                topk_weights=torch.rand(T_, k, device=d))
+    args.update(kw)
+    return kernels.moe_mxfp4(**args)
+
+
 def PERM(d, **kw):
     """moe_permute on small valid inputs (4 tokens, top_k 2, 8 experts, block 4), any argument
     replaced by kw."""
@@ -473,6 +485,57 @@ BAD = [
     ("moe", "block_m bool", lambda d: MOE(d, block_m=True), ValueError, "block_m"),
     ("moe", "out dtype", lambda d: MOE(d, out=T(4, 24, dtype=torch.float16, device=d)), TypeError, "out"),
     ("moe", "out shape", lambda d: MOE(d, out=T(4, 25, device=d)), ValueError, "out"),
+    # moe_mxfp4 (the layer on MXFP4 weights)
+    ("moe_mxfp4", "x int", lambda d: MOEMX(d, x=torch.ones(4, 64, dtype=torch.int32, device=d)), TypeError, "x"),
+    ("moe_mxfp4", "x float64", lambda d: MOEMX(d, x=T(4, 64, dtype=torch.float64, device=d)), TypeError, "x"),
+    ("moe_mxfp4", "x uint8", lambda d: MOEMX(d, x=U8(4, 64, device=d)), TypeError, "x"),
+    ("moe_mxfp4", "x 3-d", lambda d: MOEMX(d, x=T(1, 4, 64, device=d)), ValueError, "x"),
+    ("moe_mxfp4", "x not a tensor", lambda d: MOEMX(d, x=[[1.0] * 64] * 4), TypeError, "x"),
+    ("moe_mxfp4", "x H zero", lambda d: MOEMX(d, x=T(4, 0, device=d)), ValueError, "x"),
+    ("moe_mxfp4", "x H not a multiple of 32", lambda d: MOEMX(d, H=48, w13_q=U8(8, 64, 24, device=d), w13_scales=U8(8, 64, 1, device=d), w2_q=U8(8, 48, 16, device=d), w2_scales=U8(8, 48, 1, device=d)), ValueError, "x"),
+    ("moe_mxfp4", "w13_q float", lambda d: MOEMX(d, w13_q=T(8, 64, 32, device=d)), TypeError, "w13_q"),
+    ("moe_mxfp4", "w13_q int8", lambda d: MOEMX(d, w13_q=torch.zeros(8, 64, 32, dtype=torch.int8, device=d)), TypeError, "w13_q"),
+    ("moe_mxfp4", "w13_q not a tensor", lambda d: MOEMX(d, w13_q=None), TypeError, "w13_q"),
+    ("moe_mxfp4", "w13_q 2-d", lambda d: MOEMX(d, w13_q=U8(64, 32, device=d)), ValueError, "w13_q"),
+    ("moe_mxfp4", "w13_q unpacked (H, not H/2)", lambda d: MOEMX(d, w13_q=U8(8, 64, 64, device=d)), ValueError, "w13_q"),
+    ("moe_mxfp4", "w13_q I not a multiple of 32", lambda d: MOEMX(d, w13_q=U8(8, 80, 32, device=d), w13_scales=U8(8, 80, 2, device=d)), ValueError, "w13_q"),
+    ("moe_mxfp4", "w13_q odd rows", lambda d: MOEMX(d, w13_q=U8(8, 63, 32, device=d)), ValueError, "w13_q"),
+    ("moe_mxfp4", "w13_q no experts", lambda d: MOEMX(d, w13_q=U8(0, 64, 32, device=d)), ValueError, "w13_q"),
+    ("moe_mxfp4", "w13_q too many experts", lambda d: MOEMX(d, w13_q=U8(1025, 64, 32, device=d)), ValueError, "w13_q"),
+    ("moe_mxfp4", "w13_q device", lambda d: MOEMX(d, w13_q=torch.zeros(8, 64, 32, dtype=torch.uint8, device="meta")), ValueError, "w13_q"),
+    ("moe_mxfp4", "w13_scales float", lambda d: MOEMX(d, w13_scales=T(8, 64, 2, device=d)), TypeError, "w13_scales"),
+    ("moe_mxfp4", "w13_scales one per 16", lambda d: MOEMX(d, w13_scales=U8(8, 64, 4, device=d)), ValueError, "w13_scales"),
+    ("moe_mxfp4", "w13_scales fewer rows", lambda d: MOEMX(d, w13_scales=U8(8, 32, 2, device=d)), ValueError, "w13_scales"),
+    ("moe_mxfp4", "w13_scales 2-d", lambda d: MOEMX(d, w13_scales=U8(64, 2, device=d)), ValueError, "w13_scales"),
+    ("moe_mxfp4", "w13_scales device", lambda d: MOEMX(d, w13_scales=torch.zeros(8, 64, 2, dtype=torch.uint8, device="meta")), ValueError, "w13_scales"),
+    ("moe_mxfp4", "w2_q int32", lambda d: MOEMX(d, w2_q=torch.zeros(8, 64, 16, dtype=torch.int32, device=d)), TypeError, "w2_q"),
+    ("moe_mxfp4", "w2_q transposed shape", lambda d: MOEMX(d, w2_q=U8(8, 16, 64, device=d)), ValueError, "w2_q"),
+    ("moe_mxfp4", "w2_q fewer experts", lambda d: MOEMX(d, w2_q=U8(7, 64, 16, device=d)), ValueError, "w2_q"),
+    ("moe_mxfp4", "w2_q unpacked (I, not I/2)", lambda d: MOEMX(d, w2_q=U8(8, 64, 32, device=d)), ValueError, "w2_q"),
+    ("moe_mxfp4", "w2_q device", lambda d: MOEMX(d, w2_q=torch.zeros(8, 64, 16, dtype=torch.uint8, device="meta")), ValueError, "w2_q"),
+    ("moe_mxfp4", "w2_scales float16", lambda d: MOEMX(d, w2_scales=T(8, 64, 1, dtype=torch.float16, device=d)), TypeError, "w2_scales"),
+    ("moe_mxfp4", "w2_scales one per 16", lambda d: MOEMX(d, w2_scales=U8(8, 64, 2, device=d)), ValueError, "w2_scales"),
+    ("moe_mxfp4", "w2_scales 4-d", lambda d: MOEMX(d, w2_scales=U8(8, 64, 1, 1, device=d)), ValueError, "w2_scales"),
+    ("moe_mxfp4", "w2_scales device", lambda d: MOEMX(d, w2_scales=torch.zeros(8, 64, 1, dtype=torch.uint8, device="meta")), ValueError, "w2_scales"),
+    ("moe_mxfp4", "topk_ids int64", lambda d: MOEMX(d, topk_ids=torch.zeros(4, 2, dtype=torch.int64, device=d)), TypeError, "topk_ids"),
+    ("moe_mxfp4", "topk_ids float", lambda d: MOEMX(d, topk_ids=T(4, 2, device=d)), TypeError, "topk_ids"),
+    ("moe_mxfp4", "topk_ids 1-d", lambda d: MOEMX(d, topk_ids=torch.zeros(8, dtype=torch.int32, device=d)), ValueError, "topk_ids"),
+    ("moe_mxfp4", "topk_ids wrong T", lambda d: MOEMX(d, topk_ids=torch.zeros(5, 2, dtype=torch.int32, device=d)), ValueError, "topk_ids"),
+    ("moe_mxfp4", "topk_ids k zero", lambda d: MOEMX(d, topk_ids=torch.zeros(4, 0, dtype=torch.int32, device=d), topk_weights=T(4, 0, device=d)), ValueError, "topk_ids"),
+    ("moe_mxfp4", "topk_ids negative", lambda d: MOEMX(d, topk_ids=torch.full((4, 2), -1, dtype=torch.int32, device=d)), ValueError, "topk_ids"),
+    ("moe_mxfp4", "topk_ids past E", lambda d: MOEMX(d, topk_ids=torch.full((4, 2), 8, dtype=torch.int32, device=d)), ValueError, "topk_ids"),
+    ("moe_mxfp4", "topk_ids device", lambda d: MOEMX(d, topk_ids=torch.zeros(4, 2, dtype=torch.int32, device="meta")), ValueError, "topk_ids"),
+    ("moe_mxfp4", "topk_weights fp16", lambda d: MOEMX(d, topk_weights=T(4, 2, dtype=torch.float16, device=d)), TypeError, "topk_weights"),
+    ("moe_mxfp4", "topk_weights shape", lambda d: MOEMX(d, topk_weights=T(4, 3, device=d)), ValueError, "topk_weights"),
+    ("moe_mxfp4", "topk_weights device", lambda d: MOEMX(d, topk_weights=torch.zeros(4, 2, device="meta")), ValueError, "topk_weights"),
+    ("moe_mxfp4", "block_m 8", lambda d: MOEMX(d, block_m=8), ValueError, "block_m"),
+    ("moe_mxfp4", "block_m 24", lambda d: MOEMX(d, block_m=24), ValueError, "block_m"),
+    ("moe_mxfp4", "block_m 512", lambda d: MOEMX(d, block_m=512), ValueError, "block_m"),
+    ("moe_mxfp4", "block_m bool", lambda d: MOEMX(d, block_m=True), ValueError, "block_m"),
+    ("moe_mxfp4", "out dtype", lambda d: MOEMX(d, out=T(4, 64, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("moe_mxfp4", "out shape", lambda d: MOEMX(d, out=T(4, 65, device=d)), ValueError, "out"),
+    ("moe_mxfp4", "out strided", lambda d: MOEMX(d, out=T(64, 4, device=d).t()), ValueError, "out"),
+    ("moe_mxfp4", "out device", lambda d: MOEMX(d, out=torch.zeros(4, 64, device="meta")), ValueError, "out"),
     ("moe_route", "permute out_num shape", lambda d: PERM(d, out_num=torch.zeros((), dtype=torch.int32, device=d)), ValueError, "out_num"),
 ]
 
@@ -524,6 +587,7 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("fp8_matmul", lambda d: kernels.fp8_matmul(F8(4, 8, device=d), F8(0, 8, device=d), S(4, 1, device=d), S(device=d))),
     ("moe_route", lambda d: ROUTE(d, T_=0)[0]),
     ("moe", lambda d: MOE(d, T_=0)),
+    ("moe_mxfp4", lambda d: MOEMX(d, T_=0)),
     ("moe_route", lambda d: PERM(d, topk_ids=torch.zeros(0, 2, dtype=torch.int32, device=d))[3]),
 ])
 def test_empty_input_gives_empty_output(op, call, dev):

@@ -742,6 +742,40 @@ SPECIFIC["moe"] = {
     "one_row_missing_in_the_combine": ({}, lambda i, e: _moe_layer(i, drop=(3, 1))),
 }
 
+
+def _mx_weights(q, s, dtype, *, nibbles_swapped=False, scale_shift=0, scale_every=32):
+    """MXFP4 weights (codes [E, R, C/2], scales [E, R, C/32]) decoded in float64 NumPy and rounded
+    to the activations' dtype, with pluggable decode bugs: element 2j read from the high nibble,
+    every scale exponent `scale_shift` off, one scale byte per `scale_every` values (16: a stride
+    bug that walks the scale bytes twice as fast, into the next row's)."""
+    c, sc = f64(q).astype(np.int64), f64(s).astype(np.int64)
+    lo, hi = c & 15, c >> 4
+    n = np.stack([hi, lo] if nibbles_swapped else [lo, hi], axis=-1).reshape(*c.shape[:-1], 2 * c.shape[-1])
+    v = E2M1[n & 7] * np.where((n & 8) != 0, -1.0, 1.0)
+    E, R, C = n.shape
+    flat = sc.reshape(-1)
+    idx = (np.arange(E * R).reshape(E, R, 1) * (C // 32) + np.arange(C) // scale_every) % flat.size
+    S = flat[idx]
+    w = np.where(S == 255, np.nan, v * np.exp2(S - 127.0 + scale_shift))
+    return _rounded(dtype)(w)
+
+
+def _moe_mx_layer(i, *, swap=False, **bugs):
+    """moe_mxfp4 as the float64 moe layer above on weights decoded by _mx_weights."""
+    dt = i["x"].dtype
+    dense = {"x": i["x"], "topk_ids": i["topk_ids"], "topk_weights": i["topk_weights"],
+             "w13": tensor(_mx_weights(i["w13_q"], i["w13_scales"], dt, **bugs)),
+             "w2": tensor(_mx_weights(i["w2_q"], i["w2_scales"], dt, **bugs))}
+    return _moe_layer(dense, swap=swap)
+
+
+SPECIFIC["moe_mxfp4"] = {
+    "nibble_order_swapped": ({}, lambda i, e: _moe_mx_layer(i, nibbles_swapped=True)),
+    "scale_exponent_off_by_one": ({}, lambda i, e: _moe_mx_layer(i, scale_shift=1)),
+    "scale_per_16_values": ({}, lambda i, e: _moe_mx_layer(i, scale_every=16)),
+    "gate_up_swapped": ({}, lambda i, e: _moe_mx_layer(i, swap=True)),
+}
+
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
@@ -754,7 +788,8 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "decoder": (1, 32, 4, 2, 8, 64, 96),                    # 1 layer, GQA 4/2 (the head map shows), D 8
         "gated_delta_rule": (2, 70, 2, 4, 16, 12),              # Hv / Hk 2 with Hk 2 (the head map shows), 2 chunks
         "moe_route": (24, 8),                                   # 72 entries over 8 experts, blocks of 4
-        "moe": (24, 40, 24, 8)}                                 # T 24, H 40, I 24, E 8
+        "moe": (24, 40, 24, 8),                                 # T 24, H 40, I 24, E 8
+        "moe_mxfp4": (24, 96, 64, 8)}                           # T 24, H 96 (a partial K tile), I 64, E 8
 BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                "mla_decode": dict(lens="24,20,1", num_splits=2),   # Tq 2: the first row of lens 1 sees nothing
@@ -768,7 +803,7 @@ BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsno
                # slow decay: the state carries far enough for a wrong update order to show
                "gated_delta_rule": dict(gate="slow", beta="uniform", init=True, l2norm=True),
                "moe_route": dict(top_k=3, block=4, renorm=True, scaling=2.5),
-               "moe": dict(top_k=2)}
+               "moe": dict(top_k=2), "moe_mxfp4": dict(top_k=2)}
 
 
 _CONTROLS: dict = {}

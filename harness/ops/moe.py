@@ -292,4 +292,219 @@ class MoE(Op):
         return out
 
 
-OPS = {"moe_route": MoERoute(), "moe": MoE()}
+# --- moe_mxfp4: the layer on MXFP4 weights ------------------------------------------------------
+
+MX = 32                 # values per e8m0 scale
+# The scale windows of the "edges" param (docs/NUMERICS.md, "Mixture of Experts: MXFP4 expert
+# weights"), per x dtype: w13's at the bottom of what the dtype holds, w2's at the top, with x and
+# the routing weights scaled by powers of two (exact; edge_exponents) so that g and u stay O(1),
+# y moderate, and the fp32 sums of the down GEMM far from overflow. fp32 / bf16: e8m0's own ends,
+# S = 0 ... 4 (fp32 and bf16 subnormal weights down to 2^-128) and 250 ... 254 (S = 254 with codes
+# up to 1.5, S = 253 up to 3: the largest finite values). fp16: S = 0 (every weight rounds to 0)
+# and 100 ... 110 (weights that round to fp16 subnormals or to 0, ties among them, then exact
+# ones), and 136 ... 142 (the codes that stay below 65504). w13 also has blocks of zero codes under
+# S = 254.
+EDGES = {
+    "float32": dict(w13=tuple(range(0, 5)), w2=tuple(range(250, 255))),
+    "bfloat16": dict(w13=tuple(range(0, 5)), w2=tuple(range(250, 255))),
+    "float16": dict(w13=(0,) + tuple(range(100, 111)), w2=tuple(range(136, 143))),
+}
+
+
+def edge_exponents(dtype, H, I):
+    """(x_exp, rw_exp): x is N(0, 1) x 2^x_exp and the routing weights are scaled by 2^rw_exp.
+    fp32 / bf16: w13's weights are ~2^-122, so x ~ 2^115 at H = I = 64 gives g and u of ~2^-2, h
+    of ~2^-10, and the down GEMM's sum of |terms| (w2 ~ 2^126) of ~2^122 (measured; the tests
+    check it stays below 2^126); x_exp falls with sqrt(H) (g) and with sqrt(I) (h ~ g^2, and that
+    sum grows with I), so larger shapes keep that margin. fp16: x ~ 2^12 (at most ~2^14.5, inside
+    fp16) against w13 of ~2^-17 gives g of O(1); the down GEMM's fp32 sum (w2 ~ 2^13) needs no
+    room, and 2^-13 on the routing weights brings y back to O(1)."""
+    half_log_h = math.ceil(math.log2(math.sqrt(H)))
+    if dtype == "float16":
+        return 15 - half_log_h, -13
+    return 121 - half_log_h - math.ceil(math.log2(I) / 2), -119
+
+
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _store(t: torch.Tensor, transposed: bool, device) -> torch.Tensor:
+    """A [E, R, C] tensor on `device`, contiguous or as a transposed view of [E, C, R] storage."""
+    if transposed:
+        return t.transpose(1, 2).contiguous().to(device).transpose(1, 2)
+    return t.contiguous().to(device)
+
+
+def float_weights(shape, gen):
+    """The float64 weights moe draws: w13 [E, 2I, H] and w2 [E, H, I], N(0, 1) times powers of two
+    (exact) that keep g and u O(1) at any H and h O(1) through w2."""
+    T, H, I, E = shape
+    s13 = 2.0 ** -(math.ceil(math.log2(math.sqrt(H))) + 1)
+    s2 = 2.0 ** -math.ceil(math.log2(math.sqrt(I)))
+    return (s13 * torch.randn((E, 2 * I, H), generator=gen, dtype=torch.float64),
+            s2 * torch.randn((E, H, I), generator=gen, dtype=torch.float64))
+
+
+def quantize(w: torch.Tensor):
+    """(codes, scales) uint8 of float64 weights [E, R, C] along C: the float64 quantize oracle
+    (oracles.mxfp4: nothing of the kernels)."""
+    codes, scales = oracles.quantize_mxfp4(w)
+    return codes.to(torch.uint8), scales.to(torch.uint8)
+
+
+def _edge_codes(R, C, window, dtype, gen):
+    """R rows of C random MXFP4 values: codes [R, C/2] and scales [R, C/32], uint8, each scale
+    drawn from `window`, and under each scale only the magnitude codes whose value the dtype holds
+    as a finite number (both signs)."""
+    finite_max = torch.finfo(getattr(torch, dtype)).max
+    nb = C // MX
+    scales = torch.tensor(window, dtype=torch.int64)[torch.randint(0, len(window), (R, nb), generator=gen)]
+    # the largest magnitude code m (0 ... 7) with e2m1(m) 2^(S - 127) <= the dtype's largest value
+    caps = torch.tensor([max(m for m in range(8) if _E2M1[m] * 2.0 ** (S - 127) <= finite_max)
+                         for S in range(256)], dtype=torch.int64)
+    cap = caps[scales].repeat_interleave(MX, dim=-1)                          # [R, C]
+    mag = (torch.rand((R, C), generator=gen, dtype=torch.float64) * (cap + 1)).floor().to(torch.int64)
+    code = mag | (torch.randint(0, 2, (R, C), generator=gen) << 3)
+    return (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8), scales.to(torch.uint8)
+
+
+def _zero_top_blocks(codes, scales, gen):
+    """About one block in eight: all codes +-0 under the top scale, 254 (zero weights)."""
+    pick = torch.rand(scales.shape, generator=gen) < 0.125
+    scales[pick] = 254
+    nib = torch.randint(0, 2, codes.shape, generator=gen, dtype=torch.int32) * 0x88      # +0 / -0 pairs
+    codes[pick.repeat_interleave(MX // 2, dim=-1)] = nib.to(torch.uint8)[pick.repeat_interleave(MX // 2, dim=-1)]
+
+
+class MoEMXFP4(MoE):
+    """moe_mxfp4: the expert layer on MXFP4 weights. A case's shape is (T, H, I, E) as moe's, H and I
+    multiples of 32: x [T, H]; w13_q [E, 2I, H/2] and w13_scales [E, 2I, H/32]; w2_q [E, H, I/2] and
+    w2_scales [E, H, I/32]. Params as moe (`top_k`, `routing`, `hot`, `block_m`; `w_layout`
+    "transposed": codes and scales stored as transposed views) and `scales`:
+      None:    moe's float weights (float_weights) quantized by the float64 quantize oracle;
+      "edges": random codes under scales at both ends of what x's dtype holds (EDGES), x and the
+               routing weights scaled to match (the value regime is ignored: x is N(0, 1) x 2^x_exp);
+      "nan":   as None, then one block of w13 (in the expert of token 0's first slot) and one of w2
+               (in the expert of the last token's last slot) get the NaN scale 255.
+    The oracle dequantizes the codes into x's dtype itself and runs moe's float64 layer; the budget
+    has moe's two terms on those weights."""
+    name = "moe_mxfp4"
+
+    def inputs(self, case, device):
+        gen = case.generator()
+        T, H, I, E = case.shape
+        kind = case.param("scales")
+        edges = EDGES[case.dtype] if kind == "edges" else None
+        values = "normal" if edges else case.values
+        gen_shape = (1, H) if case.layout == "broadcast" else (T, H)
+        xv = sample(gen_shape, values, case.dtype, gen)
+        if edges:
+            x_exp, rw_exp = edge_exponents(case.dtype, H, I)
+            xv = xv * 2.0 ** x_exp
+        x = lay_out(xv.to(case.torch_dtype), (T, H), case.layout, device)
+        if edges:
+            q13, s13 = _edge_codes(E * 2 * I, H, edges["w13"], case.dtype, gen)
+            _zero_top_blocks(q13, s13, gen)
+            q2, s2 = _edge_codes(E * H, I, edges["w2"], case.dtype, gen)
+            q13, s13 = q13.reshape(E, 2 * I, H // 2), s13.reshape(E, 2 * I, H // MX)
+            q2, s2 = q2.reshape(E, H, I // 2), s2.reshape(E, H, I // MX)
+        else:
+            w13, w2 = float_weights(case.shape, gen)
+            (q13, s13), (q2, s2) = quantize(w13), quantize(w2)
+        ids, w = _routing(case.param("routing", "random"), T, E, case.param("top_k", 2), gen, case.param("hot", 0))
+        if edges:
+            w = w * 2.0 ** rw_exp
+        if kind == "nan":
+            ea, eb = int(ids[0, 0]), int(ids[-1, -1])
+            s13[ea, torch.randint(0, 2 * I, (1,), generator=gen), torch.randint(0, H // MX, (1,), generator=gen)] = 255
+            s2[eb, torch.randint(0, H, (1,), generator=gen), torch.randint(0, I // MX, (1,), generator=gen)] = 255
+        tr = case.param("w_layout") == "transposed"
+        return {"x": x, "w13_q": _store(q13, tr, device), "w13_scales": _store(s13, tr, device),
+                "w2_q": _store(q2, tr, device), "w2_scales": _store(s2, tr, device),
+                "topk_ids": ids.to(device), "topk_weights": w.to(device), "block_m": case.param("block_m")}
+
+    def _args(self, inp):
+        return (inp["x"], inp["w13_q"], inp["w13_scales"], inp["w2_q"], inp["w2_scales"], inp["topk_ids"],
+                inp["topk_weights"])
+
+    def kernel(self, inp, out, **config):
+        if inp["block_m"] is not None:
+            config = {"block_m": inp["block_m"], **config}
+        return (kernels.moe_mxfp4(*self._args(inp), out=out["y"], **config),)
+
+    def reference(self, inp):
+        return (references.moe_mxfp4(*self._args(inp)),)
+
+    def oracle(self, inp):
+        return (oracles.moe_mxfp4(*self._args(inp)),)
+
+    def error_scale(self, inp, expected):
+        """moe's two magnitudes (V, B) on the weights dequantized into x's dtype:
+        oracles.moe_mxfp4_magnitudes."""
+        v, b = oracles.moe_mxfp4_magnitudes(*self._args(inp))
+        return (Magnitudes(value=v, bound=b),)
+
+    def cases(self, dtype, size, config):
+        small = size == "small"
+
+        @st.composite
+        def draw_case(draw):
+            E = draw(st.one_of(st.sampled_from((1, 8, 64)), st.integers(1, 64 if small else 256)))
+            top_k = min(E, draw(st.one_of(st.sampled_from((1, 2, 8, E)), st.integers(1, E))))
+            T = draw(st.integers(1, max(1, min(40 if small else 600, MAX_ENTRIES[size] // top_k))))
+            H = MX * draw(st.integers(1, 4) if small else st.integers(1, 24))
+            I = MX * draw(st.integers(1, 3) if small else st.integers(1, 24))
+            params = {"top_k": top_k, "routing": draw(st.sampled_from(ROUTINGS))}
+            if params["routing"] == "hot":
+                params["hot"] = draw(st.integers(0, E - 1))
+            if draw(st.integers(0, 3)) == 0:
+                params["w_layout"] = "transposed"
+            if draw(st.integers(0, 3)) == 0:
+                params["block_m"] = draw(st.sampled_from((16, 32, 64)))
+            if draw(st.integers(0, 5)) == 0:
+                params["scales"] = "edges"
+            values = "normal" if params.get("scales") else draw(
+                regimes(self.name, dtype, config, FP16_REGIMES if dtype == "float16" else MOE_REGIMES))
+            return Case.make(self.name, dtype, (T, H, I, E), layout=draw(st.sampled_from(("contiguous", "transposed", "sliced"))),
+                             values=values, seed=draw(seeds()), config=config, **params)
+        return draw_case()
+
+    def pinned(self, dtype):
+        def case(shape, seed=0, **kw):
+            return Case.make(self.name, dtype, shape, seed=seed, **kw)
+        out = []
+        # E in {1, 8, 64}, top_k in {1, 2, 8, E}; H and I from one scale block to three.
+        for i, E in enumerate((1, 8, 64)):
+            for k in sorted({1, 2, 8, E} & set(range(1, E + 1))):
+                T = 5 if k < 64 else 2
+                out.append(case((T, MX * (1 + k % 3), MX * (1 + i), E), seed=10 * i + k, top_k=k))
+        # T = 1 (decode) and T around the row block of 16 (15, 17, 33), block_m 32 and 64.
+        out += [case((1, 64, 64, 8), seed=40, top_k=2), case((1, 96, 32, 64), seed=41, top_k=8),
+                case((15, 32, 32, 4), seed=42, top_k=1), case((17, 32, 32, 4), seed=43, top_k=1),
+                case((33, 64, 32, 2), seed=44, top_k=2), case((17, 64, 96, 4), seed=45, top_k=2, block_m=32),
+                case((33, 32, 64, 8), seed=46, top_k=2, block_m=64)]
+        # All tokens on one expert (the others get none), and experts with no tokens.
+        out += [case((20, 32, 32, 8), seed=50, top_k=1, routing="hot", hot=5),
+                case((20, 32, 32, 8), seed=51, top_k=2, routing="hot", hot=0),
+                case((18, 64, 32, 64), seed=52, top_k=1, routing="hot", hot=63),
+                case((12, 32, 32, 64), seed=53, top_k=2, routing="few"),
+                case((9, 32, 32, 64), seed=54, top_k=8, routing="few")]
+        # H and I multiples of 32 but not of the 64-wide tiles the interpreter uses (a partial last
+        # tile along N and K in both GEMMs), and one past two tiles.
+        out += [case((6, 96, 96, 4), seed=60, top_k=2), case((4, 160, 96, 8), seed=61, top_k=2),
+                case((7, 32, 160, 8), seed=62, top_k=3)]
+        # Layouts of x and of the codes and scales; value regimes of x.
+        out += [case((7, 64, 32, 8), seed=70 + j, layout=lay, top_k=2) for j, lay in enumerate(("transposed", "sliced"))]
+        out += [case((7, 96, 64, 8), seed=72, top_k=2, w_layout="transposed")]
+        out += [case((8, 64, 32, 8), seed=80 + j, values=v, top_k=2)
+                for j, v in enumerate((FP16_REGIMES if dtype == "float16" else MOE_REGIMES)[1:])]
+        # Scales at the ends of the range (EDGES), and NaN-scale blocks in w13 and w2.
+        out += [case((6, 64, 64, 8), seed=90, top_k=2, scales="edges"),
+                case((5, 96, 32, 4), seed=91, top_k=3, scales="edges", w_layout="transposed"),
+                case((9, 32, 96, 8), seed=92, top_k=2, scales="edges", block_m=32),
+                case((8, 64, 64, 8), seed=93, top_k=2, scales="nan"),
+                case((6, 96, 32, 4), seed=94, top_k=1, scales="nan")]
+        return out
+
+
+OPS = {"moe_route": MoERoute(), "moe": MoE(), "moe_mxfp4": MoEMXFP4()}
