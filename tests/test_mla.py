@@ -148,6 +148,23 @@ def test_strided_views_give_the_bits_of_their_contiguous_copies(op, dtype, backe
 
 
 @pytest.mark.parametrize("op,dtype", _params())
+def test_a_strided_page_table_gives_the_bits_of_its_contiguous_copy(op, dtype, backend):
+    """A page table that is a view with a column stride (every other column of a wider table, or
+    transposed storage) is read through its strides, not as if it were contiguous."""
+    dev = backend.device
+    q_nope, q_pe, c_kv, k_pe = _inputs(dtype, dev, seed=45)
+    lens = torch.tensor([50, 17, 33], dtype=torch.int32, device=dev)
+    pc, table = _paged(c_kv, lens, 8, seed=46)
+    pk, _ = _paged(k_pe, lens, 8, seed=46)
+    want = kernels.mla_decode(q_nope, q_pe, pc, pk, lens, SCALE, table, num_splits=2)
+    wide = torch.full((3, 2 * table.shape[1]), 10**6, dtype=torch.int32, device=dev)
+    wide[:, ::2] = table
+    for view in (wide[:, ::2], table.t().contiguous().t()):
+        got = kernels.mla_decode(q_nope, q_pe, pc, pk, lens, SCALE, view, num_splits=2)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), view.stride()
+
+
+@pytest.mark.parametrize("op,dtype", _params())
 def test_two_runs_give_identical_bits(op, dtype, backend):
     dev = backend.device
     q_nope, q_pe, c_kv, k_pe = _inputs(dtype, dev, seed=50)
