@@ -770,3 +770,45 @@ def test_a_call_with_nothing_to_compute_still_checks_its_lengths(dev):
             lens=torch.tensor([3, 5], device=dev))
     assert MLA(dev, q_nope=T(2, 1, 0, 8, device=dev), q_pe=T(2, 1, 0, 4, device=dev), lens=torch.tensor([7, 1], device=dev),
                validate="deferred")[0].numel() == 0
+
+
+@pytest.mark.parametrize("op,config", [pytest.param(o, "cuda_graph", id=o, marks=pytest.mark.op(o))
+                                       for o in ("decode_attention", "mla_decode")])
+def test_deferred_errors_of_a_cuda_graph_add_up_across_replays(op, config, backend):
+    """Captured, validate=True is refused (naming validate); a captured "deferred" call keeps an
+    error word the graph never clears: a bad length in the middle replay of three is raised by
+    raise_deferred_errors() after the last (a clean one), once; its rows were NaN in that replay."""
+    assert backend.name == "gpu", "a CUDA graph captures CUDA kernels (declared gap interp-no-cuda-graph)"
+    dev = backend.device
+    lens = torch.tensor([3, 2], dtype=torch.int32, device=dev)
+    if op == "decode_attention":
+        q, cache = T(2, 4, 16, device=dev), T(2, 8, 2, 16, device=dev)
+        out = [torch.empty(2, 4, 16, device=dev)]
+        run = lambda v: kernels.decode_attention(q, cache, cache, lens, validate=v, out=out[0])  # noqa: E731
+    else:
+        q_nope, q_pe, c_kv, k_pe = T(2, 1, 2, 8, device=dev), T(2, 1, 2, 4, device=dev), T(2, 8, 8, device=dev), \
+            T(2, 8, 4, device=dev)
+        out = [torch.empty(2, 1, 2, 8, device=dev), torch.empty(2, 1, 2, device=dev)]
+        run = lambda v: kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.3, validate=v,  # noqa: E731
+                                           out=out[0], lse_out=out[1])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):          # the warm-up: compiles, and sets up the pool of graph words
+        run("deferred")
+    torch.cuda.current_stream().wait_stream(side)
+    kernels.raise_deferred_errors()
+    with pytest.raises(ValueError, match="^validate: True reads the error word back"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            run(True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run("deferred")
+    for bad in (False, True, False):
+        lens.copy_(torch.tensor([3, 9 if bad else 2], dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert bool(out[0][1].isnan().all()) == bad and not out[0][0].isnan().any()
+    name = "seqlens" if op == "decode_attention" else "lens"
+    with pytest.raises(ValueError, match=f'^{name}: expected lengths in \\[0, 8\\].* an earlier {op} call with validate="deferred"'):
+        kernels.raise_deferred_errors()
+    kernels.raise_deferred_errors()
