@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -208,18 +209,24 @@ def row_tile(n_cols: int, block_cols: int | None = None, target: int = 2048):
 # with no pool yet gets a word zeroed by a node of the graph, which keeps the last replay's
 # errors only.
 #
-# Between calls, the cached word of a (device, stream) is zero: validate=True zeroes it after
-# reading a nonzero value, "deferred" after its copy, in stream order. validate=False calls
-# write into a word of their own that nobody reads. While a test harness routes allocate()
-# (harness/memory_guard.py), every call gets a fresh, guarded, zeroed word instead.
+# The words: validate=True uses one cached word per (device, stream), zero between calls (it is
+# zeroed only after a nonzero read). "deferred" takes the next word of a ring per (device,
+# stream), and one fill zeroes the whole ring before it is used again, after the copies of all
+# its words in stream order: one small fill per _RING calls. validate=False calls write into a
+# word of their own that nobody reads. While a test harness routes allocate()
+# (harness/memory_guard.py), every call gets a fresh, guarded, zeroed word instead. The records
+# of deferred copies are polled oldest first, and the polling stops at the first copy not landed
+# yet (a stream's copies land in order): a call looks at one event however many are in flight.
 
 VALIDATE_MODES = (True, False, "deferred")
 _GRAPH_WORDS = 1024         # words per device for captured "deferred" calls
+_RING = 256                 # words per (device, stream) for eager "deferred" calls
 
-_words: dict = {}           # (device, stream) -> the cached error word
+_words: dict = {}           # (device, stream) -> the cached word of validate=True calls
+_rings: dict = {}           # (device, stream) -> [int32 ring, words handed out] of "deferred" calls
 _sinks: dict = {}           # device -> the word of validate=False calls
 _graph_pools: dict = {}     # device -> [zeroed int32 pool, words handed out]
-_pending: list = []         # _Deferred records of eager deferred calls, not read yet
+_pending: deque = deque()   # _Deferred records of eager deferred calls, oldest first, not read yet
 _graph_words: list = []     # _Deferred records of captured calls (read by raise_deferred_errors)
 _mailboxes: list = []       # (pinned host slot, event) pairs free for reuse
 _lock = threading.Lock()
@@ -252,6 +259,10 @@ def _stream_key(device):
     return (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
 
 
+def _zeros(n, device):
+    return torch.zeros((n,), dtype=torch.int32, device=device)
+
+
 def error_word(device, validate) -> torch.Tensor:
     """The zeroed int32 word ([1], on `device`) the kernels of this call set."""
     device = torch.device(device)
@@ -264,7 +275,7 @@ def error_word(device, validate) -> torch.Tensor:
             with _lock:
                 pool = _graph_pools.get(device)
                 if pool is None or pool[1] == _GRAPH_WORDS:
-                    return torch.zeros((1,), dtype=torch.int32, device=device)
+                    return _zeros(1, device)
                 pool[1] += 1
                 return pool[0][pool[1] - 1:pool[1]]
     if _allocator is not None:
@@ -272,15 +283,24 @@ def error_word(device, validate) -> torch.Tensor:
     if validate is False:
         word = _sinks.get(device)
         if word is None:
-            word = _sinks[device] = torch.zeros((1,), dtype=torch.int32, device=device)
+            word = _sinks[device] = _zeros(1, device)
         return word
     key = _stream_key(device)
-    word = _words.get(key)
-    if word is None:
-        word = _words[key] = torch.zeros((1,), dtype=torch.int32, device=device)
-        if device.type == "cuda" and device not in _graph_pools:
-            _graph_pools[device] = [torch.zeros((_GRAPH_WORDS,), dtype=torch.int32, device=device), 0]
-    return word
+    if device.type == "cuda" and device not in _graph_pools:
+        _graph_pools[device] = [_zeros(_GRAPH_WORDS, device), 0]
+    if validate is True:
+        word = _words.get(key)
+        if word is None:
+            word = _words[key] = _zeros(1, device)
+        return word
+    ring = _rings.get(key)
+    if ring is None:
+        ring = _rings[key] = [_zeros(_RING, device), 0]
+    elif ring[1] == _RING:                          # every word used, and copied before this fill
+        ring[0].zero_()
+        ring[1] = 0
+    ring[1] += 1
+    return ring[0][ring[1] - 1:ring[1]]
 
 
 def report_errors(word: torch.Tensor, validate, launcher: str, problems, detail=None) -> None:
@@ -312,7 +332,6 @@ def report_errors(word: torch.Tensor, validate, launcher: str, problems, detail=
     host.copy_(word, non_blocking=True)             # synchronous from a CPU tensor
     if cuda:
         event.record(torch.cuda.current_stream(device))
-    word.zero_()                                    # after the copy, in stream order
     with _lock:
         _pending.append(_Deferred(launcher, problems, host, event))
 
@@ -329,9 +348,10 @@ def raise_deferred_errors() -> None:
 def _raise_landed(sync: bool) -> None:
     if not sync and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return                                      # no event queries inside a capture
+    landed = []
     with _lock:
-        landed = [p for p in _pending if sync or p.event is None or p.event.query()]
-        _pending[:] = [p for p in _pending if all(p is not q for q in landed)]
+        while _pending and (sync or _pending[0].event is None or _pending[0].event.query()):
+            landed.append(_pending.popleft())
         captured = list(_graph_words) if sync else []
     found = []
     for p in landed:

@@ -821,3 +821,24 @@ def test_deferred_errors_of_a_cuda_graph_add_up_across_replays(op, config, backe
     with pytest.raises(ValueError, match=f'^{name}: expected lengths in \\[0, 8\\].* an earlier {op} call with validate="deferred"'):
         kernels.raise_deferred_errors()
     kernels.raise_deferred_errors()
+
+
+@pytest.mark.op("embedding")
+def test_deferred_words_are_clean_when_their_ring_comes_round(dev):
+    """Deferred calls take the words of a ring in turn, zeroed once before the ring is reused: over
+    more than two turns, each of two bad calls is raised once, by the call after it, and no
+    clean call ever reports a stale error."""
+    from kernels._launch import _RING
+    table = T(4, 8, device=dev)
+    good, bad = torch.tensor([1, 2], device=dev), torch.tensor([1, 9], device=dev)
+    raised = []
+    for i in range(2 * _RING + 3):
+        try:
+            kernels.embedding(bad if i in (5, _RING + 1) else good, table, validate="deferred")
+        except ValueError as e:
+            assert str(e).startswith("ids: expected ids in [0, 4) (the table's rows), got 1 outside it")
+            raised.append(i)
+        if i in (5, _RING + 1) and dev != "cpu":
+            torch.cuda.synchronize()        # the copy has landed before the next call looks
+    kernels.raise_deferred_errors()
+    assert raised == [6, _RING + 2]
