@@ -73,7 +73,7 @@ GAPS = (
         dtypes=("bfloat16",)),
     Gap(id="interp-no-cuda-graph", backend="interpreter",
         reason="a CUDA graph captures kernels launched on a CUDA device; the interpreter runs them on the CPU",
-        link="models/decode_graph.py", ops=("decoder",), configs=("cuda_graph",)),
+        link="models/decode_graph.py", ops=("decoder", "decode_attention", "mla_decode"), configs=("cuda_graph",)),
     Gap(id="interp-no-sanitizer", backend="interpreter",
         reason="compute-sanitizer instruments CUDA kernels; the interpreter runs them on the CPU, where the "
                "lane guard (harness/oob_guard.py) checks every load and store instead",

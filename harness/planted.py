@@ -14,10 +14,13 @@ import argparse
 import ast
 import contextlib
 import importlib.util
+import math
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from harness.cases import Case
 
@@ -34,6 +37,7 @@ class Planted:
     sanitizer: str            # the compute-sanitizer tool that reports it (with no guard regions)
     sanitizer_sees: bool = True   # False: a measured blind spot of that tool (the test requires silence,
                                   # so a sanitizer that starts seeing it shows up)
+    bad_input: str | None = None  # a BAD_INDEX scenario that crosses the bug, run instead of the case
 
 
 PLANTED = {p.name: p for p in (
@@ -83,7 +87,146 @@ PLANTED = {p.name: p for p in (
             "decode_attention",
             Case.make("decode_attention", "float16", (3, 64, 4, 2, 32), seed=6, lens="64,10,0", num_splits=16),
             "initcheck"),
+    Planted("decode-reads-through-a-bad-block",
+            "decode attention trusts the block table: a block index past the cache is read",
+            "attention", "_decode_kernel",
+            (("page_ok = (page >= 0) & (page < num_blocks)", "page_ok = page == page"),),
+            "decode_attention", Case.make("decode_attention", "float32", (5, 8, 4, 2, 16), seed=7, block_size=4),
+            "memcheck", bad_input="decode_attention-paged"),
+    Planted("mla-reads-past-a-bad-length",
+            "mla decode trusts lens: a length past the cache's capacity is read",
+            "mla", "_mla_decode_kernel",
+            (("len_ok = (n >= 0) & (n <= capacity)", "len_ok = n == n"),),
+            "mla_decode", Case.make("mla_decode", "float32", (4, 8, 2, 3, 16, 4), seed=8),
+            "memcheck", bad_input="mla_decode-contiguous"),
 )}
+
+
+# Planted bad indices -------------------------------------------------------------------------
+# Calls whose lengths or page indices point just outside the cache: the first page past the pool
+# (under the memory guard it lies in the pool's NaN margin; under compute-sanitizer, past the
+# pool's allocation), page -1 (just before it), a page far outside, a length one past the
+# capacity (the last sequence's next position lies past the cache) and negative ones. The
+# kernels must read none of them (the interpreter's lane guard raises on such a read, memcheck
+# reports it), turn the sequence's rows NaN and leave the others as a clean call gives them.
+
+@dataclass(frozen=True)
+class BadIndex:
+    name: str
+    launcher: str           # kernels.<launcher>
+    argument: str           # the argument a validating call's error names
+    bad: tuple              # the sequences (batch rows) with a bad length or page
+    wild: bool              # an index far outside the cache too (not for a planted bug on a GPU)
+
+
+def _bad_index_inputs(s: BadIndex, device, wild=True):
+    """(args, kwargs, output names and shapes, the same call with the bad sequences fixed)."""
+    g = torch.Generator().manual_seed(90)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=g).to(device)
+
+    far = 1 << 40 if wild else 6
+    if s.launcher == "decode_attention":
+        paged = s.name.endswith("paged")
+        q = rand(5, 4, 16)
+        if paged:       # 6 blocks of 4 slots; rows 2, 4: blocks 6 (past the cache) and -1 in use
+            k, v = rand(6, 4, 2, 16), rand(6, 4, 2, 16)
+            table = torch.tensor([[0, 1], [2, 3], [4, 6], [5, -1], [1, -1]], device=device)
+            table[0, 1] = far if wild else 1          # row 0's second block: far outside, in use when wild
+            lens = torch.tensor([8 if wild else 5, 8, 7, 3, 6], device=device)
+        else:           # rows 1, 4: -1 and one past the capacity (8)
+            k, v = rand(5, 8, 2, 16), rand(5, 8, 2, 16)
+            table = None
+            lens = torch.tensor([5, -1, 8, 3, 9], device=device)
+            if wild:
+                lens[0] = 1 << 33
+        args, outputs = (q, k, v, lens), {"out": (5, 4, 16)}
+        kwargs = {"block_table": table}
+    else:
+        paged = s.name.endswith("paged")
+        q_nope, q_pe = rand(5, 2, 3, 16), rand(5, 2, 3, 4)
+        if paged:       # 6 pages of 4 slots, as decode's
+            c_kv, k_pe = rand(6, 4, 16), rand(6, 4, 4)
+            table = torch.tensor([[0, 1], [2, 3], [4, 6], [5, -1], [1, -1]], device=device)
+            table[0, 1] = far if wild else 1
+            lens = torch.tensor([8 if wild else 5, 8, 7, 3, 6], device=device)
+        else:
+            c_kv, k_pe = rand(5, 8, 16), rand(5, 8, 4)
+            table = None
+            lens = torch.tensor([5, -1, 8, 3, 9], device=device)
+            if wild:
+                lens[0] = 1 << 33
+        args, outputs = (q_nope, q_pe, c_kv, k_pe, lens, 0.3), {"out": (5, 2, 3, 16), "lse_out": (5, 2, 3)}
+        kwargs = {"page_table": table}
+    bad = sorted(set(s.bad) | ({0} if wild else set()))
+    fixed_lens = lens.clone()
+    fixed_lens[bad] = 1
+    fixed = dict(kwargs)
+    if kwargs.get("block_table", kwargs.get("page_table")) is not None:
+        key = "block_table" if "block_table" in kwargs else "page_table"
+        fixed[key] = kwargs[key].clone()
+        fixed[key][bad] = 0
+    lens_at = 3 if s.launcher == "decode_attention" else 4
+    fixed_args = args[:lens_at] + (fixed_lens,) + args[lens_at + 1:]
+    return args, kwargs, outputs, (fixed_args, fixed), bad
+
+
+BAD_INDEX = {s.name: s for s in (
+    BadIndex("decode_attention-contiguous", "decode_attention", "seqlens", (1, 4), True),
+    BadIndex("decode_attention-paged", "decode_attention", "block_table", (2, 4), True),
+    BadIndex("mla_decode-contiguous", "mla_decode", "lens", (1, 4), True),
+    BadIndex("mla_decode-paged", "mla_decode", "page_table", (2, 4), True),
+)}
+
+
+def run_bad_index(name: str, device, validate, guard=None, wild: bool = True, num_splits=None) -> list[str]:
+    """Run a BAD_INDEX call with `validate` (inputs and buffers inside `guard`'s regions when one is
+    given); return what went wrong (nothing: the call behaved). A read outside the tensors raises
+    on the interpreter (the lane guard) before anything is returned."""
+    import kernels      # not at the top: the backend is chosen before the kernels are imported
+    from kernels import _launch
+
+    s = BAD_INDEX[name]
+    launcher = getattr(kernels, s.launcher)
+    args, kwargs, outputs, (fixed_args, fixed_kwargs), bad = _bad_index_inputs(s, device, wild)
+    want = launcher(*fixed_args, **fixed_kwargs, num_splits=num_splits)
+    want = want if isinstance(want, tuple) else (want,)
+    good = [b for b in range(args[0].shape[0]) if b not in bad]
+    if guard is not None:
+        placed = guard.inputs({"args": list(args), **kwargs}, device)
+        args, kwargs = tuple(placed.pop("args")), placed
+        outs = {k: guard.output(k, shape, torch.float32, device) for k, shape in outputs.items()}
+    else:
+        outs = {k: torch.full(shape, math.nan, device=device) for k, shape in outputs.items()}
+    problems = []
+    raised = None
+    with guard.launcher_allocations() if guard is not None else contextlib.nullcontext():
+        try:
+            launcher(*args, **kwargs, **outs, num_splits=num_splits, validate=validate)
+        except ValueError as e:
+            raised = str(e)
+    try:
+        _launch.raise_deferred_errors()
+        later = None
+    except ValueError as e:
+        later = str(e)
+    if validate is True and not (raised or "").startswith(f"{s.argument}:"):
+        problems.append(f"validate=True: expected a ValueError naming {s.argument}, got {raised!r}")
+    if validate == "deferred" and (raised is not None or not (later or "").startswith(f"{s.argument}:")
+                                   or s.launcher not in later):
+        problems.append(f"validate=\"deferred\": expected no error at the call ({raised!r}) and one naming "
+                        f"{s.argument} and {s.launcher} at raise_deferred_errors() ({later!r})")
+    if validate is False and (raised or later):
+        problems.append(f"validate=False: expected no error, got {raised or later!r}")
+    for name_out, got, w in zip(outs, outs.values(), want):
+        if not bool(got[bad].isnan().all()):
+            problems.append(f"{name_out}: the rows of sequences {bad} (bad lengths or pages) are not all NaN")
+        if not torch.equal(got[good], w[good]):
+            problems.append(f"{name_out}: the rows of sequences {good} differ from a call without the bad ones")
+    if guard is not None:
+        problems += guard.verify()
+    return problems
 
 
 def _function_span(source: str, name: str) -> tuple[int, int]:
@@ -158,6 +301,10 @@ def main(argv=None) -> int:
 
     p = PLANTED[args.name]
     with contextlib.nullcontext() if args.real else installed(p):
+        if p.bad_input:         # no wild index: a planted read of one would fault, not be reported
+            problems = run_bad_index(p.bad_input, chosen.device, False, wild=False)
+            print(f"{p.name} ({'real kernel' if args.real else 'planted'}): {'; '.join(problems) or 'passed'}")
+            return 0
         outcome = run_case(p.case, chosen, budgets.load(str(DEFAULT_TOLERANCES)))
     print(f"{p.name} ({'real kernel' if args.real else 'planted'}): "
           f"{'passed' if outcome.passed else 'FAILED'}; {outcome.failure_message() or ''}")

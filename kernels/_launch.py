@@ -1,12 +1,17 @@
 """Input validation and layout helpers shared by every launcher.
 
 Launchers validate before they launch: a bad argument raises TypeError or ValueError naming
-the argument, what was expected and what was given. They never return a wrong answer.
+the argument, what was expected and what was given. They never return a wrong answer. Values
+that only the device holds (lengths, page tables, ids) are checked by the kernel that loads
+them instead, which reports through an error word (below: `validate=True / "deferred" / False`).
 """
 from __future__ import annotations
 
 import math
 import os
+import threading
+from collections import deque
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -175,3 +180,242 @@ def row_tile(n_cols: int, block_cols: int | None = None, target: int = 2048):
     # bf16 (layernorm 3966 GB/s with 4 warps, 3753 with 8).
     num_warps = min(16, max(4, block_m * block_n // 1024))
     return block_m, block_n, single, num_warps
+
+
+# ---------------------------------------------------------------------------------------------
+# The error word: bad lengths and indices, found by the kernel that loads them
+# ---------------------------------------------------------------------------------------------
+#
+# A kernel that takes lengths or indices from a tensor (decode's seqlens and block table, mla's
+# lens and page table, embedding's ids) range-checks each one where it loads it, never forms an
+# address from a bad one, writes NaN for the rows it affects, and ORs a bit into (or adds a count
+# to) one int32 on the device: the error word. The launchers' `validate` says how the host hears
+# of it:
+#
+#   True        (default) one 4-byte read of the word after the launch, the call's only host
+#               sync, then a ValueError naming the argument (its min / max computed only then).
+#   "deferred"  no host sync: the word is copied (non_blocking) into pinned host memory and a
+#               CUDA event recorded behind the copy. The next call of a launcher with validate
+#               True or "deferred" raises the ValueError (naming that launcher and the argument)
+#               once the event has completed; raise_deferred_errors() waits for all of them and
+#               raises. On the CPU (the interpreter) the same path runs; the copy is synchronous.
+#   False       nothing is read; the bad rows are NaN all the same.
+#
+# CUDA graphs: validate=True cannot be captured (ValueError naming validate). A captured
+# "deferred" call is given a word of its own, kept for the graph's life and never zeroed by it,
+# so the errors of every replay add up; raise_deferred_errors() synchronises, reads all such
+# words in one copy per device and zeroes those it reports. The words come from a pool that the
+# first eager validating call on the device sets up (the warm-up before a capture); a capture
+# with no pool yet gets a word zeroed by a node of the graph, which keeps the last replay's
+# errors only.
+#
+# The words: validate=True uses one cached word per (device, stream), zero between calls (it is
+# zeroed only after a nonzero read). "deferred" takes the next word of a ring per (device,
+# stream), and one fill zeroes the whole ring before it is used again, after the copies of all
+# its words in stream order: one small fill per _RING calls. validate=False calls write into a
+# word of their own that nobody reads. While a test harness routes allocate()
+# (harness/memory_guard.py), every call gets a fresh, guarded, zeroed word instead. The records
+# of deferred copies are polled oldest first, and the polling stops at the first copy not landed
+# yet (a stream's copies land in order): a call looks at one event however many are in flight.
+
+VALIDATE_MODES = (True, False, "deferred")
+_GRAPH_WORDS = 1024         # words per device for captured "deferred" calls
+_RING = 256                 # words per (device, stream) for eager "deferred" calls
+
+_words: dict = {}           # (device, stream) -> the cached word of validate=True calls
+_rings: dict = {}           # (device, stream) -> [int32 ring, words handed out] of "deferred" calls
+_sinks: dict = {}           # device -> the word of validate=False calls
+_graph_pools: dict = {}     # device -> [zeroed int32 pool, words handed out]
+_pending: deque = deque()   # _Deferred records of eager deferred calls, oldest first, not read yet
+_graph_words: list = []     # _Deferred records of captured calls (read by raise_deferred_errors)
+_mailboxes: list = []       # (pinned host slot, event) pairs free for reuse
+_lock = threading.Lock()
+
+
+@dataclass
+class _Deferred:
+    launcher: str
+    problems: object        # problems(value) -> [(argument, expected)]; holds no tensor of the call
+    host: torch.Tensor      # eager: the copy of the word (pinned on CUDA); captured: the device word
+    event: object = None    # eager on CUDA: recorded behind the copy; None: the copy has landed
+
+
+def check_validate(validate) -> None:
+    """validate must be True, False or "deferred". A validating call (True or "deferred") first
+    raises the error of an earlier deferred call whose copy has landed."""
+    if validate is not True and validate is not False and not isinstance(validate, str):
+        raise TypeError(f"validate: expected True, False or \"deferred\", got {type(validate).__name__}")
+    if validate not in VALIDATE_MODES:
+        raise ValueError(f"validate: expected True, False or \"deferred\", got {validate!r}")
+    if validate is not False and _pending:
+        _raise_landed(sync=False)
+
+
+def _capturing(device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _stream_key(device):
+    return (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+
+
+def _zeros(n, device):
+    return torch.zeros((n,), dtype=torch.int32, device=device)
+
+
+def error_word(device, validate) -> torch.Tensor:
+    """The zeroed int32 word ([1], on `device`) the kernels of this call set."""
+    device = torch.device(device)
+    if _capturing(device):
+        if validate is True:
+            raise ValueError("validate: True reads the error word back on the host, which a CUDA graph "
+                             "capture cannot do; pass \"deferred\" (then kernels.raise_deferred_errors() "
+                             "after replays) or False")
+        if validate == "deferred":
+            with _lock:
+                pool = _graph_pools.get(device)
+                if pool is None or pool[1] == _GRAPH_WORDS:
+                    return _zeros(1, device)
+                pool[1] += 1
+                return pool[0][pool[1] - 1:pool[1]]
+    if _allocator is not None:
+        return allocate((1,), torch.int32, device, name="error_word", zero=True)
+    if validate is False:
+        word = _sinks.get(device)
+        if word is None:
+            word = _sinks[device] = _zeros(1, device)
+        return word
+    key = _stream_key(device)
+    if device.type == "cuda" and device not in _graph_pools:
+        _graph_pools[device] = [_zeros(_GRAPH_WORDS, device), 0]
+    if validate is True:
+        word = _words.get(key)
+        if word is None:
+            word = _words[key] = _zeros(1, device)
+        return word
+    ring = _rings.get(key)
+    if ring is None:
+        ring = _rings[key] = [_zeros(_RING, device), 0]
+    elif ring[1] == _RING:                          # every word used, and copied before this fill
+        ring[0].zero_()
+        ring[1] = 0
+    ring[1] += 1
+    return ring[0][ring[1] - 1:ring[1]]
+
+
+def report_errors(word: torch.Tensor, validate, launcher: str, problems, detail=None) -> None:
+    """After the launch: raise (True), queue the word's copy ("deferred"), or nothing (False).
+
+    problems(value) -> [(argument, what was expected)] for a nonzero word; it may run after the
+    call has returned ("deferred"), so it must not hold the call's tensors. detail(argument) ->
+    the tail of the immediate error (", got min .. max .."), computed only on that error path."""
+    if validate is False:
+        return
+    device = word.device
+    if validate is True:
+        value = int(word.item())                    # the host sync
+        if value:
+            word.zero_()
+            raise ValueError("; ".join(f"{arg}: {what}{detail(arg) if detail else ''}"
+                                       for arg, what in problems(value)))
+        return
+    if _capturing(device):
+        with _lock:
+            _graph_words.append(_Deferred(launcher, problems, word))
+        return
+    cuda = device.type == "cuda"
+    with _lock:
+        host, event = _mailboxes.pop() if cuda and _mailboxes else (None, None)
+    if host is None:
+        host = torch.empty((1,), dtype=torch.int32, pin_memory=cuda)
+        event = torch.cuda.Event() if cuda else None
+    host.copy_(word, non_blocking=True)             # synchronous from a CPU tensor
+    if cuda:
+        event.record(torch.cuda.current_stream(device))
+    with _lock:
+        _pending.append(_Deferred(launcher, problems, host, event))
+
+
+def raise_deferred_errors() -> None:
+    """Wait for every deferred check (validate="deferred") and raise the ValueError of the first
+    that found a bad argument, naming its launcher and the argument (how many others found one
+    is in the message). What is read is dropped (a captured word is zeroed), so an error is
+    raised once. Words of CUDA graphs are read after a synchronize of their device: call this
+    after replays."""
+    _raise_landed(sync=True)
+
+
+def _raise_landed(sync: bool) -> None:
+    if not sync and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return                                      # no event queries inside a capture
+    landed = []
+    with _lock:
+        while _pending and (sync or _pending[0].event is None or _pending[0].event.query()):
+            landed.append(_pending.popleft())
+        captured = list(_graph_words) if sync else []
+    found = []
+    for p in landed:
+        if p.event is not None:
+            p.event.synchronize()
+        value = int(p.host.item())
+        if p.event is not None:
+            with _lock:
+                _mailboxes.append((p.host, p.event))
+        if value:
+            found.append((p, value))
+    snapshots = {}                                  # one copy per pool (and per lone word)
+    for p in captured:
+        base = p.host._base if p.host._base is not None else p.host
+        if id(base) not in snapshots:
+            if base.device.type == "cuda":
+                torch.cuda.synchronize(base.device)
+            snapshots[id(base)] = base.cpu()
+        offset = p.host.storage_offset() - base.storage_offset()
+        value = int(snapshots[id(base)][offset])
+        if value:
+            p.host.zero_()
+            found.append((p, value))
+    if found:
+        p, value = found[0]
+        more = f" ({len(found) - 1} more deferred check(s) found bad input too)" if len(found) > 1 else ""
+        raise ValueError("; ".join(f"{arg}: {what}, in an earlier {p.launcher} call with validate=\"deferred\" "
+                                   f"(the rows it affects are NaN)" for arg, what in p.problems(value)) + more)
+
+
+# Lengths and page tables (decode_attention, mla_decode): the kernels OR these bits into the word.
+BAD_LENGTH, BAD_PAGE = 1, 2
+
+
+def paged_problems(lens_name, table_name, noun, capacity, num_pages, value):
+    """problems() of a length / page-table kernel's word (ints only: it may run deferred)."""
+    found = []
+    if value & BAD_LENGTH:
+        found.append((lens_name, f"expected lengths in [0, {capacity}] (the cache's capacity)"))
+    if value & BAD_PAGE:
+        found.append((table_name, f"expected {noun} indices in [0, {num_pages}) for the positions in use"))
+    return found
+
+
+def _used_pages(lens, table, page_size):
+    """The table's entries for positions below each length, int64, flat."""
+    used = torch.arange(table.shape[1], device=table.device)[None, :] * page_size < lens.to(torch.int64)[:, None]
+    return table.to(torch.int64)[used]
+
+
+def paged_detail(lens, table, page_size, lens_name, argument):
+    """', got min .. max ..' of the lengths or of the page indices in use: the error path's torch ops."""
+    values = lens.to(torch.int64) if argument == lens_name else _used_pages(lens, table, page_size)
+    if values.numel() == 0:
+        return ""
+    lo, hi = (int(v) for v in torch.aminmax(values))
+    return f", got min {lo} max {hi}"
+
+
+def paged_host_word(lens, table, page_size, capacity, num_pages):
+    """The word a launch would set, from torch ops on the host (for a call with nothing to launch)."""
+    lengths = lens.to(torch.int64)
+    value = BAD_LENGTH if bool(((lengths < 0) | (lengths > capacity)).any()) else 0
+    if table is not None:
+        pages = _used_pages(lengths.clamp(0, capacity), table, page_size)
+        value |= BAD_PAGE if bool(((pages < 0) | (pages >= num_pages)).any()) else 0
+    return torch.tensor([value], dtype=torch.int32)

@@ -14,12 +14,15 @@ query heads that share it, so each cache block is read once per group.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_tensor, interpreting,
-                             new_out)
+from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_tensor, check_validate,
+                             error_word, interpreting, new_out, paged_detail, paged_host_word, paged_problems,
+                             report_errors)
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -149,8 +152,8 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, Tq
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, GROUP, D, chunk, block_size,
-                   capacity, num_blocks, sq_b, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, st_b,
+def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, err_ptr, GROUP, D, chunk, block_size,
+                   capacity, num_blocks, sq_b, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, st_b, st_p,
                    so_b, so_h, so_s, sl_p, sl_b, sl_h, qk_scale,
                    PAGED: tl.constexpr, FINAL: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
@@ -159,14 +162,19 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, G
     FINAL: a single split, so write the normalised output straight into `out`. Otherwise write
     the split's normalised partial output (fp32), its max raw score m and its sum l for the combine.
 
-    The launcher checks lengths and page indices unless told not to (validate=False); the kernel
-    guards them anyway, so nothing outside the cache is ever read: a length outside
-    [0, capacity] makes its row NaN, and so does a page index outside [0, num_blocks)."""
+    Lengths and page indices are checked here, where they are loaded, and a bad one never
+    becomes an address: a length outside [0, capacity] is read as 0 and ORs 1 into the error word
+    err_ptr; a page index outside [0, num_blocks) for a position below the length is replaced by
+    0 with its loads masked, and ORs 2. Either makes the row NaN (out, or the split's partial and
+    its l, which the combine carries to the row); the splits together check every position below
+    the length."""
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seqlen = tl.load(seqlens_ptr + b).to(tl.int64)
     len_ok = (seqlen >= 0) & (seqlen <= capacity)
+    if (seqlen < 0) | (seqlen > capacity):
+        tl.atomic_or(err_ptr, 1)
     seqlen = tl.where(len_ok, seqlen, 0).to(tl.int32)
     lo = split * chunk
     hi = tl.minimum(seqlen, lo + chunk)
@@ -182,31 +190,39 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, G
     m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    bad_page = tl.zeros([BLOCK_N], tl.int32)
     for start in range(lo, hi, BLOCK_N):
         pos = start + offs_n
         pos_ok = pos < hi
         if PAGED:
             # Each position finds its page: a tile may straddle pages of any size.
-            page = tl.load(table_ptr + b * st_b + pos // block_size, mask=pos_ok, other=0).to(tl.int64)
+            page = tl.load(table_ptr + b * st_b + (pos // block_size).to(tl.int64) * st_p, mask=pos_ok,
+                           other=0).to(tl.int64)
             page_ok = (page >= 0) & (page < num_blocks)
-            len_ok = len_ok & (tl.min(tl.where(pos_ok & ~page_ok, 0, 1), axis=0) == 1)
+            bad_page = bad_page | (pos_ok & ~page_ok).to(tl.int32)
             page = tl.where(page_ok, page, 0)
+            pos_ok = pos_ok & page_ok           # no load from a bad page (page 0 may not exist either)
             slot = (pos % block_size).to(tl.int64)
             k_row = page * sk_b + slot * sk_t
             v_row = page * sv_b + slot * sv_t
         else:
             k_row = b * sk_b + pos.to(tl.int64) * sk_t
             v_row = b * sv_b + pos.to(tl.int64) * sv_t
-        # Slots past seqlen are never read (the row mask).
+        # Slots past seqlen, and behind a bad page index, are never read (the row mask).
         k = _load_tile(k_ptr + k_row[:, None] + kvh * sk_h + offs_d[None, :] * sk_d, pos_ok, d_ok, True, EVEN_D)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         s = tl.where(pos_ok[None, :], s, -float("inf"))
         v = _load_tile(v_ptr + v_row[:, None] + kvh * sv_h + offs_d[None, :] * sv_d, pos_ok, d_ok, True, EVEN_D)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, qk_scale, PRECISION)
 
+    seq_ok = len_ok
+    if PAGED:
+        seq_ok = len_ok & (tl.max(bad_page, axis=0) == 0)
+        if tl.max(bad_page, axis=0) != 0:
+            tl.atomic_or(err_ptr, 2)
     out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
-    out = tl.where(len_ok, out, float("nan"))
-    l_i = tl.where(len_ok, l_i, float("nan"))
+    out = tl.where(seq_ok, out, float("nan"))
+    l_i = tl.where(seq_ok, l_i, float("nan"))
     o_ptrs = o_ptr + b * so_b + h[:, None] * so_h + split * so_s + offs_d[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
     if not FINAL:
@@ -428,7 +444,7 @@ def _decode_launch(d):
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor,
                      scale: float | None = None, *, block_table: torch.Tensor | None = None,
                      num_splits: int | None = None, out: torch.Tensor | None = None,
-                     block_n: int | None = None, validate: bool = True) -> torch.Tensor:
+                     block_n: int | None = None, validate: bool | str = True) -> torch.Tensor:
     """One query token per sequence against a KV cache; returns [B, Hq, D].
 
     Contiguous: caches [B, Tmax, Hkv, D]; row b attends to positions < seqlens[b] (0: zeros).
@@ -436,9 +452,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     row b living in block block_table[b, p // block_size]. Long contexts are split across
     programs (num_splits, chosen by shape unless given) and merged exactly.
 
-    validate: check seqlens and block_table on the host (one sync, ValueError naming the
-    argument). A decode loop that guarantees them (or is captured in a CUDA graph) can pass
-    False: bad lengths or page indices then give NaN rows, never a read outside the cache.
+    validate (True, "deferred" or False): how a bad length or block index is reported. The
+    kernel checks each where it loads it, never reads through a bad one, and makes the row NaN.
+    True: one 4-byte read of the kernel's error word after the launch (the call's only host sync),
+    then a ValueError naming seqlens or block_table. "deferred": no host sync; a later validating
+    call or kernels.raise_deferred_errors() raises it (decode loops, CUDA graphs:
+    kernels/_launch.py). False: the NaN rows only.
     """
     check_tensor("q", q, ndim=3)
     check_tensor("k_cache", k_cache, ndim=4)
@@ -446,6 +465,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     check_tensor("seqlens", seqlens, dtypes=_INT_DTYPES, ndim=1)
     check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
     check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, seqlens=seqlens, block_table=block_table, out=out)
+    check_validate(validate)
     B, Hq, D = q.shape
     _check_head_dim("q", D)
     if tuple(v_cache.shape) != tuple(k_cache.shape):
@@ -468,23 +488,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             raise ValueError(f"k_cache: expected batch {B} like q, got {k_cache.shape[0]}")
         block_size = 1
         capacity = k_cache.shape[1]
-    # One host sync checks every length and page index this call can touch.
-    if B and validate:
-        longest = seqlens.max()
-        shortest = seqlens.min()
-        checks = [longest, shortest]
-        if block_table is not None:
-            used = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < seqlens[:, None]
-            checks += [torch.where(used, block_table, 0).min(), torch.where(used, block_table, 0).max()]
-        stats = torch.stack([c.to(torch.int64) for c in checks]).tolist()
-        if stats[1] < 0 or stats[0] > capacity:
-            raise ValueError(f"seqlens: expected lengths in [0, {capacity}] (the cache's capacity), "
-                             f"got min {stats[1]} max {stats[0]}")
-        if block_table is not None and (stats[2] < 0 or stats[3] >= k_cache.shape[0]):
-            raise ValueError(f"block_table: expected block indices in [0, {k_cache.shape[0]}) for the "
-                             f"positions in use, got min {stats[2]} max {stats[3]}")
+    num_blocks = k_cache.shape[0]
+    problems = functools.partial(paged_problems, "seqlens", "block_table", "block", capacity, num_blocks)
+    detail = functools.partial(paged_detail, seqlens, block_table, block_size, "seqlens")
     out = new_out(out, q.shape, q.dtype, q.device)
     if out.numel() == 0:
+        if B and validate is True:          # Hq = 0: nothing to compute, the lengths and pages are still checked
+            report_errors(paged_host_word(seqlens, block_table, block_size, capacity, num_blocks), True,
+                          "decode_attention", problems, detail)
         return out
 
     bn = block_n or (16 if capacity <= 16 else 64)
@@ -495,7 +506,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_g = max(16, triton.next_power_of_2(group))
     block_d = max(16, triton.next_power_of_2(D))
     table = block_table if block_table is not None else seqlens
-    st_b = block_table.stride(0) if block_table is not None else 0
+    st_b, st_p = block_table.stride() if block_table is not None else (0, 0)
+    word = error_word(q.device, validate)
     launch = _decode_launch(D)
     bn, launch["num_stages"] = _fit_shared(block_g, bn, launch["num_stages"], D, q.element_size(),
                                            fixed_bn=block_n is not None)
@@ -503,19 +515,21 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                   PRECISION=_precision(q.dtype), **launch)
     if splits == 1:
         _decode_kernel[(B, Hkv, 1)](
-            q, k_cache, v_cache, seqlens, table, out, out, group, D, chunk, block_size, capacity, k_cache.shape[0],
-            *q.stride(), *k_cache.stride(), *v_cache.stride(), st_b,
+            q, k_cache, v_cache, seqlens, table, out, out, word, group, D, chunk, block_size, capacity,
+            k_cache.shape[0], *q.stride(), *k_cache.stride(), *v_cache.stride(), st_b, st_p,
             out.stride(0), out.stride(1), 0, 0, 0, 0, scale * _LOG2E, FINAL=True, **common)
+        report_errors(word, validate, "decode_attention", problems, detail)
         return out
     part_o = allocate((B, Hq, splits, D), torch.float32, q.device, name="part_o")
     part_ml = allocate((2, B, Hq, splits), torch.float32, q.device, name="part_ml")    # [m, l] per split
     _decode_kernel[(B, Hkv, splits)](
-        q, k_cache, v_cache, seqlens, table, part_o, part_ml, group, D, chunk, block_size, capacity, k_cache.shape[0],
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), st_b,
+        q, k_cache, v_cache, seqlens, table, part_o, part_ml, word, group, D, chunk, block_size, capacity,
+        k_cache.shape[0], *q.stride(), *k_cache.stride(), *v_cache.stride(), st_b, st_p,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), *part_ml.stride()[:3],
         scale * _LOG2E, FINAL=False, **common)
     _decode_combine_kernel[(B, Hq)](
         part_o, part_ml, out, Hq, D, splits, part_o.stride(0), part_o.stride(1), part_o.stride(2),
         *part_ml.stride()[:3], out.stride(0), out.stride(1), scale * _LOG2E,
         BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4)
+    report_errors(word, validate, "decode_attention", problems, detail)
     return out

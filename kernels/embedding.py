@@ -9,19 +9,22 @@ the output, both pass 2^31 on large vocabularies and long batches.
 
 The kernel masks its loads with the id range [0, V), so an id outside it can never read
 outside the table: its row comes out as NaN, never as another row. With validate=True (the
-default) the kernel also counts such ids (the programs of the first feature block each add
-their count to one int32 by an atomic), and the launcher reads that count back after the launch:
-one 4-byte copy, the call's only host sync, and a ValueError naming `ids` and their range if
-it is not 0. (The earlier host check, min and max before the launch, cost two reductions and
-exposed the launch latency: 37% of copy at 32768 ids x 1536 on the H200 against 57%.)
+default) or "deferred" the kernel also counts such ids (the programs of the first feature block
+each add their count to the error word of kernels/_launch.py by an atomic); True reads that count
+back after the launch (one 4-byte copy, the call's only host sync) and raises a ValueError naming
+`ids` and their range if it is not 0, "deferred" raises it later without a sync. (The earlier
+host check, min and max before the launch, cost two reductions and exposed the launch latency:
+37% of copy at 32768 ids x 1536 on the H200 against 57%.)
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import allocate, check_same_device, check_tensor, new_out
+from kernels._launch import check_same_device, check_tensor, check_validate, error_word, new_out, report_errors
 
 INT_DTYPES = (torch.int32, torch.int64)
 _MAX_BLOCK_H = 1024
@@ -64,36 +67,45 @@ def _tile(H: int, block_cols: int | None):
 
 
 def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | None = None,
-              block_cols: int | None = None, validate: bool = True) -> torch.Tensor:
+              block_cols: int | None = None, validate: bool | str = True) -> torch.Tensor:
     """table[ids]: ids int32/int64 of any shape, table [V, H] of any strides; returns ids.shape + (H,).
 
-    validate=False skips the count of bad ids and its read-back (the call's only host sync): for
-    callers that guarantee their ids, or capture the call in a CUDA graph. A bad id then gives a
-    NaN row, never another row. (With validate=True and a bad id, `out` has been written, NaN
-    rows included, by the time the ValueError is raised.)"""
+    A bad id (outside [0, V)) gives a NaN row, never another row, whatever validate says.
+    validate: True counts them in the kernel and reads the count back (one 4-byte copy, the
+    call's only host sync): a ValueError naming ids, out written by then, NaN rows included.
+    "deferred": the count reaches the host without a sync, and a later validating call or
+    kernels.raise_deferred_errors() raises (CUDA graphs, decode loops: kernels/_launch.py).
+    False: no count, no read."""
     check_tensor("ids", ids, dtypes=INT_DTYPES)
     check_tensor("table", table, ndim=2)
     check_same_device(table=table, ids=ids, out=out)
+    check_validate(validate)
     V, H = table.shape
     out = new_out(out, (*ids.shape, H), table.dtype, table.device)
     n_tokens = ids.numel()
+    problems = functools.partial(_problems, V)
+    detail = functools.partial(_detail, ids)
     if out.numel() == 0:
-        if n_tokens and validate:           # H = 0: nothing to copy, the ids are still checked
-            _raise_if_bad(ids, V, int(((ids < 0) | (ids >= V)).sum()))
+        if n_tokens and validate is True:   # H = 0: nothing to copy, the ids are still checked
+            word = torch.tensor([int(((ids < 0) | (ids >= V)).sum())], dtype=torch.int32)
+            report_errors(word, True, "embedding", problems, detail)
         return out
     flat = ids.reshape(-1)          # a view when the layout allows, else a (small) copy
     block_t, block_h, num_warps = _tile(H, block_cols)
     grid = (triton.cdiv(n_tokens, block_t), triton.cdiv(H, block_h))
-    bad = allocate((1,), torch.int32, table.device, name="bad_ids", zero=True) if validate else out
+    count = validate is not False
+    bad = error_word(table.device, validate) if count else out
     _embedding_kernel[grid](flat, table, out, bad, n_tokens, V, H, flat.stride(0), table.stride(0), table.stride(1),
-                            COUNT_BAD=validate, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps)
-    if validate:
-        _raise_if_bad(ids, V, int(bad.item()))      # the host sync
+                            COUNT_BAD=count, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps)
+    if count:
+        report_errors(bad, validate, "embedding", problems, detail)
     return out
 
 
-def _raise_if_bad(ids, V, n_bad):
-    if n_bad:
-        lo, hi = (int(v) for v in torch.aminmax(ids.reshape(-1)))
-        raise ValueError(f"ids: expected ids in [0, {V}) (the table's rows), got {n_bad} outside it "
-                         f"(min {lo}, max {hi})")
+def _problems(V, n_bad):
+    return [("ids", f"expected ids in [0, {V}) (the table's rows), got {n_bad} outside it")]
+
+
+def _detail(ids, argument):
+    lo, hi = (int(v) for v in torch.aminmax(ids.reshape(-1)))
+    return f" (min {lo}, max {hi})"

@@ -21,8 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_tensor, interpreting,
-                             new_out)
+from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_tensor, check_validate,
+                             error_word, interpreting, new_out, paged_detail, paged_host_word, paged_problems,
+                             report_errors)
 
 _LOG2E = 1.4426950408889634
 MAX_TQ = 4
@@ -47,10 +48,10 @@ def _load_rows(ptrs, row_ok, col_ok, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_ptr, stat_ptr,
+def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_ptr, stat_ptr, err_ptr,
                        Tq, H, L, R, chunk, page_size, capacity, num_pages,
                        sqn_b, sqn_t, sqn_h, sqn_d, sqp_b, sqp_t, sqp_h, sqp_d,
-                       sc_p, sc_s, sc_d, sk_p, sk_s, sk_d, st_b,
+                       sc_p, sc_s, sc_d, sk_p, sk_s, sk_d, st_b, st_p,
                        so_b, so_r, so_s, ss_p, ss_b, ss_r, qk_scale,
                        PAGED: tl.constexpr, FINAL: tl.constexpr, EVEN_L: tl.constexpr, EVEN_R: tl.constexpr,
                        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -62,10 +63,13 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
     lse [B, rows]). Otherwise the split's normalised fp32 partial goes to o_ptr [B, rows, splits,
     L] and its raw max m and sum l to stat_ptr [2, B, rows, splits], for the combine.
 
-    The launcher checks lengths and page indices (unless told not to); the kernel guards them
-    anyway and reads nothing outside the cache: a length outside [0, capacity] makes the
-    sequence's rows NaN, and a page index outside [0, num_pages) for a position in use the rows of
-    every program that reads that position (at least all rows that see it)."""
+    Lengths and page indices are checked here, where they are loaded, and a bad one never
+    becomes an address: a length outside [0, capacity] is read as 0 and ORs 1 into the error word
+    err_ptr, a page index outside [0, num_pages) for a position below the length is masked (page
+    0, no load) and ORs 2. Either makes the sequence's rows NaN (o, and lse or l): every program
+    of the sequence checks the pages of its split's positions up to the length, also those past
+    what its own rows read, so all of them agree, and the combine carries a split's NaN l to
+    every row."""
     b = tl.program_id(2).to(tl.int64)
     split = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -74,6 +78,8 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
     head = rows % H
     n = tl.load(lens_ptr + b).to(tl.int64)
     len_ok = (n >= 0) & (n <= capacity)
+    if (n < 0) | (n > capacity):
+        tl.atomic_or(err_ptr, 1)
     n = tl.where(len_ok, n, 0).to(tl.int32)
     lo = split * chunk
     # Row r sees positions < limit[r]; this program reads [lo, hi), hi the largest limit in the split.
@@ -94,14 +100,17 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
     m_i = tl.full([BLOCK_H], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+    bad_page = tl.zeros([BLOCK_N], tl.int32)
     for start in range(lo, hi, BLOCK_N):
         pos = start + offs_n
         pos_ok = pos < hi
         if PAGED:
             # Each position finds its page: a tile may straddle pages of any size.
-            page = tl.load(table_ptr + b * st_b + pos // page_size, mask=pos_ok, other=0).to(tl.int64)
+            page = tl.load(table_ptr + b * st_b + (pos // page_size).to(tl.int64) * st_p, mask=pos_ok,
+                           other=0).to(tl.int64)
             page_ok = (page >= 0) & (page < num_pages)
-            len_ok = len_ok & (tl.min(tl.where(pos_ok & ~page_ok, 0, 1), axis=0) == 1)
+            bad_page = bad_page | (pos_ok & ~page_ok).to(tl.int32)
+            page = tl.where(page_ok, page, 0)
             pos_ok = pos_ok & page_ok
             slot = (pos % page_size).to(tl.int64)
             c_row = page * sc_p + slot * sc_s
@@ -125,10 +134,25 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
         acc = tl.dot(p.to(ckv.dtype), ckv, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
+    seq_ok = len_ok
+    if PAGED:
+        # The split's positions from hi up to the length, read by other row blocks (later query
+        # tokens) but not by these rows: their pages are checked all the same.
+        end = tl.minimum(n, lo + chunk)
+        for start in range(tl.maximum(hi, lo), end, BLOCK_N):
+            pos = start + offs_n
+            pos_ok = pos < end
+            page = tl.load(table_ptr + b * st_b + (pos // page_size).to(tl.int64) * st_p, mask=pos_ok,
+                           other=0).to(tl.int64)
+            bad_page = bad_page | (pos_ok & ((page < 0) | (page >= num_pages))).to(tl.int32)
+        pages_ok = tl.max(bad_page, axis=0) == 0
+        if tl.max(bad_page, axis=0) != 0:
+            tl.atomic_or(err_ptr, 2)
+        seq_ok = len_ok & pages_ok
     # A row that saw nothing has l == 0: zeros (and lse -inf). l is NaN once a NaN was read.
     out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
-    out = tl.where(len_ok, out, float("nan"))
-    l_i = tl.where(len_ok, l_i, float("nan"))
+    out = tl.where(seq_ok, out, float("nan"))
+    l_i = tl.where(seq_ok, l_i, float("nan"))
     o_ptrs = o_ptr + b * so_b + rows[:, None].to(tl.int64) * so_r + split * so_s + offs_l[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & l_ok[None, :])
     if FINAL:
@@ -264,7 +288,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
                softmax_scale: float, page_table: torch.Tensor | None = None, page_size: int | None = None, *,
                num_splits: int | None = None, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
                block_h: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-               num_stages: int | None = None, validate: bool = True):
+               num_stages: int | None = None, validate: bool | str = True):
     """MLA decode attention; returns (o [B, Tq, H, L] in the input dtype, lse [B, Tq, H] fp32).
 
     q_nope [B, Tq, H, L], q_pe [B, Tq, H, R] (Tq of 1 to 4, any strides). Contiguous caches:
@@ -276,9 +300,12 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
     by shape unless given) and merged exactly. block_h / block_n / num_warps / num_stages
     override the tiles chosen by shape.
 
-    validate: check lens and page_table on the host (one device-to-host copy; ValueError naming
-    the argument). Without it (a CUDA graph's capture, say) a bad length or page index gives NaN
-    rows, never a read outside the cache.
+    validate (True, "deferred" or False): how a bad length or page index is reported. The kernel
+    checks each where it loads it, never reads through a bad one, and makes the sequence's rows NaN
+    (o and lse). True: one 4-byte read of the kernel's error word after the launch (the call's only
+    host sync), then a ValueError naming lens or page_table. "deferred": no host sync; a later
+    validating call or kernels.raise_deferred_errors() raises it (serving loops, CUDA graphs:
+    kernels/_launch.py). False: the NaN rows only.
     """
     check_tensor("q_nope", q_nope, ndim=4)
     check_tensor("q_pe", q_pe, ndim=4)
@@ -288,8 +315,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
     check_same_dtype(q_nope=q_nope, q_pe=q_pe, c_kv=c_kv, k_pe=k_pe)
     check_same_device(q_nope=q_nope, q_pe=q_pe, c_kv=c_kv, k_pe=k_pe, lens=lens, page_table=page_table, out=out,
                       lse_out=lse_out)
-    if not isinstance(validate, bool):
-        raise TypeError(f"validate: expected a bool, got {type(validate).__name__}")
+    check_validate(validate)
     B, Tq, H, L = q_nope.shape
     R = q_pe.shape[3]
     if tuple(q_pe.shape[:3]) != (B, Tq, H):
@@ -328,52 +354,45 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
         capacity = c_kv.shape[1]
     if B > _MAX_GRID_YZ:
         raise ValueError(f"q_nope: at most {_MAX_GRID_YZ} sequences a call (a CUDA grid's limit), got {B}")
-    length = capacity
-    # One host sync checks every length and page index this call can touch.
-    if B and validate:
-        checks = [lens.max(), lens.min()]
-        if page_table is not None:
-            used = torch.arange(page_table.shape[1], device=lens.device)[None, :] * page_size < lens[:, None]
-            pages = torch.where(used, page_table.to(torch.int64), 0).reshape(-1)
-            pages = torch.cat([pages, pages.new_zeros(1)])          # max_pages may be 0
-            checks += [pages.min(), pages.max()]
-        stats = torch.stack([c.to(torch.int64) for c in checks]).tolist()
-        if stats[1] < 0 or stats[0] > capacity:
-            raise ValueError(f"lens: expected lengths in [0, {capacity}] (the cache's capacity), "
-                             f"got min {stats[1]} max {stats[0]}")
-        if page_table is not None and (stats[2] < 0 or stats[3] >= c_kv.shape[0]):
-            raise ValueError(f"page_table: expected page indices in [0, {c_kv.shape[0]}) for the positions in "
-                             f"use, got min {stats[2]} max {stats[3]}")
-        length = stats[0]
+    problems = functools.partial(paged_problems, "lens", "page_table", "page", capacity, c_kv.shape[0])
+    detail = functools.partial(paged_detail, lens, page_table, page_size, "lens")
     o = new_out(out, (B, Tq, H, L), q_nope.dtype, q_nope.device)
     lse = new_out(lse_out, (B, Tq, H), torch.float32, q_nope.device, "lse_out")
     rows = Tq * H
     if B * rows == 0:
+        if B and validate is True:          # H = 0: nothing to compute, the lengths and pages are still checked
+            report_errors(paged_host_word(lens, page_table, page_size, capacity, c_kv.shape[0]), True,
+                          "mla_decode", problems, detail)
         return o, lse
 
-    bh, bn, bl, br, warps, stages = _tiles(rows, L, R, q_nope.element_size(), length, block_h, block_n, num_warps,
+    # Tiles and splits are planned on the capacity: the lengths stay on the device.
+    bh, bn, bl, br, warps, stages = _tiles(rows, L, R, q_nope.element_size(), capacity, block_h, block_n, num_warps,
                                            num_stages, gpu=not interpreting())
     row_blocks = triton.cdiv(rows, bh)
-    splits, chunk = _splits(B * row_blocks, length, bn, num_splits, q_nope.device)
+    splits, chunk = _splits(B * row_blocks, capacity, bn, num_splits, q_nope.device)
     table = page_table if page_table is not None else lens
-    st_b = page_table.stride(0) if page_table is not None else 0
+    st_b, st_p = page_table.stride() if page_table is not None else (0, 0)
+    word = error_word(q_nope.device, validate)
     args = (q_nope, q_pe, c_kv, k_pe, lens, table)
     sizes = (Tq, H, L, R, chunk, page_size, capacity, c_kv.shape[0], *q_nope.stride(), *q_pe.stride(),
-             *c_kv.stride(), *k_pe.stride(), st_b)
+             *c_kv.stride(), *k_pe.stride(), st_b, st_p)
     qk_scale = softmax_scale * _LOG2E
     common = dict(PAGED=page_table is not None, EVEN_L=L == bl, EVEN_R=R == br, BLOCK_H=bh, BLOCK_N=bn, BLOCK_L=bl,
                   BLOCK_R=br, PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", num_warps=warps,
                   num_stages=stages)
     grid = (row_blocks, splits, B)
     if splits == 1:
-        _mla_decode_kernel[grid](*args, o, lse, *sizes, o.stride(0), L, 0, 0, lse.stride(0), 1, qk_scale,
+        _mla_decode_kernel[grid](*args, o, lse, word, *sizes, o.stride(0), L, 0, 0, lse.stride(0), 1, qk_scale,
                                  FINAL=True, **common)
-        return o, lse
-    part_o = allocate((B, rows, splits, L), torch.float32, q_nope.device, name="part_o")
-    part_ml = allocate((2, B, rows, splits), torch.float32, q_nope.device, name="part_ml")     # [m, l] per split
-    _mla_decode_kernel[grid](*args, part_o, part_ml, *sizes, *part_o.stride()[:3], *part_ml.stride()[:3], qk_scale,
-                             FINAL=False, **common)
-    _mla_combine_kernel[(rows, B)](part_o, part_ml, o, lse, L, splits, *part_o.stride()[:3], *part_ml.stride()[:3],
-                                   o.stride(0), L, lse.stride(0), qk_scale,
-                                   BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_L=bl, num_warps=4)
+    else:
+        part_o = allocate((B, rows, splits, L), torch.float32, q_nope.device, name="part_o")
+        part_ml = allocate((2, B, rows, splits), torch.float32, q_nope.device, name="part_ml")   # [m, l] per split
+        _mla_decode_kernel[grid](*args, part_o, part_ml, word, *sizes, *part_o.stride()[:3], *part_ml.stride()[:3],
+                                 qk_scale, FINAL=False, **common)
+        _mla_combine_kernel[(rows, B)](part_o, part_ml, o, lse, L, splits, *part_o.stride()[:3], *part_ml.stride()[:3],
+                                       o.stride(0), L, lse.stride(0), qk_scale,
+                                       BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_L=bl, num_warps=4)
+    report_errors(word, validate, "mla_decode", problems, detail)
     return o, lse
+
+

@@ -79,6 +79,23 @@ def test_paged_equals_contiguous_whatever_the_pages(op, dtype, backend):
         assert torch.equal(got, want), f"paged (block size {block_size}, permutation {seed}) differs from contiguous"
 
 
+@pytest.mark.parametrize("op,dtype", _params("decode_attention"))
+def test_a_strided_block_table_gives_the_bits_of_its_contiguous_copy(op, dtype, backend):
+    """A block table that is a view with a column stride (every other column of a wider table,
+    or transposed storage) is read through its strides, not as if it were contiguous."""
+    dev = backend.device
+    k, v = _cache(dtype, dev)
+    q = _rand((3, 4, 16), dtype, dev, 13)
+    seqlens = torch.tensor([50, 17, 33], dtype=torch.int32, device=dev)
+    kp, vp, table = _paged(k, v, 8, 5)
+    want = kernels.decode_attention(q, kp, vp, seqlens, block_table=table, num_splits=2)
+    wide = torch.full((3, 2 * table.shape[1]), 10**6, dtype=torch.int32, device=dev)
+    wide[:, ::2] = table
+    for view in (wide[:, ::2], table.t().contiguous().t()):
+        got = kernels.decode_attention(q, kp, vp, seqlens, block_table=view, num_splits=2)
+        assert torch.equal(got, want), view.stride()
+
+
 @pytest.mark.parametrize("op,dtype", _params("flash_attention"))
 def test_strided_view_gives_the_bits_of_its_contiguous_copy(op, dtype, backend):
     dev = backend.device

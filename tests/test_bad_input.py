@@ -1,4 +1,5 @@
 """Bad input gets a clear error naming the argument, before any launch; never a wrong answer."""
+import gc
 import math
 
 import pytest
@@ -191,6 +192,8 @@ BAD = [
     ("embedding", "float64 table", lambda d: kernels.embedding(torch.tensor([0], device=d), T(4, 8, dtype=torch.float64, device=d)), TypeError, "table"),
     ("embedding", "ids device", lambda d: kernels.embedding(torch.zeros(2, dtype=torch.int64, device="meta"), T(4, 8, device=d)), ValueError, "ids"),
     ("embedding", "out dtype", lambda d: kernels.embedding(torch.tensor([0], device=d), T(4, 8, device=d), out=T(1, 8, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("embedding", "validate an int", lambda d: kernels.embedding(torch.tensor([0], device=d), T(4, 8, device=d), validate=0), TypeError, "validate"),
+    ("embedding", "validate an empty string", lambda d: kernels.embedding(torch.tensor([0], device=d), T(4, 8, device=d), validate=""), ValueError, "validate"),
     ("embedding", "out shape", lambda d: kernels.embedding(torch.tensor([0, 1], device=d), T(4, 8, device=d), out=T(2, 4, device=d)), ValueError, "out"),
     # decode_attention
     ("decode_attention", "q rank", lambda d: kernels.decode_attention(T(2, 1, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d)), ValueError, "q"),
@@ -203,6 +206,8 @@ BAD = [
     ("decode_attention", "v_cache shape", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 7, 2, 16, device=d), torch.tensor([1, 2], device=d)), ValueError, "v_cache"),
     ("decode_attention", "block table out of range", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(4, 4, 2, 16, device=d), T(4, 4, 2, 16, device=d), torch.tensor([3, 8], device=d), block_table=torch.tensor([[0, 1], [2, 4]], device=d)), ValueError, "block_table"),
     ("decode_attention", "block table rows", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(4, 4, 2, 16, device=d), T(4, 4, 2, 16, device=d), torch.tensor([3, 8], device=d), block_table=torch.tensor([[0, 1]], device=d)), ValueError, "block_table"),
+    ("decode_attention", "validate an int", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d), validate=1), TypeError, "validate"),
+    ("decode_attention", "validate an unknown mode", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d), validate="later"), ValueError, "validate"),
     ("decode_attention", "num_splits zero", lambda d: kernels.decode_attention(T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d), T(2, 8, 2, 16, device=d), torch.tensor([1, 2], device=d), num_splits=0), ValueError, "num_splits"),
     # mla_decode
     ("mla_decode", "q_nope rank", lambda d: MLA(d, q_nope=T(2, 2, 8, device=d)), ValueError, "q_nope"),
@@ -244,6 +249,8 @@ BAD = [
     ("mla_decode", "block_h not a power of two", lambda d: MLA(d, block_h=24), ValueError, "block_h"),
     ("mla_decode", "block_n below 16", lambda d: MLA(d, block_n=8), ValueError, "block_n"),
     ("mla_decode", "validate not a bool", lambda d: MLA(d, validate=0), TypeError, "validate"),
+    ("mla_decode", "validate an unknown mode", lambda d: MLA(d, validate="Deferred"), ValueError, "validate"),
+    ("mla_decode", "validate None", lambda d: MLA(d, validate=None), TypeError, "validate"),
     ("mla_decode", "out shape", lambda d: MLA(d, out=T(2, 1, 2, 4, device=d)), ValueError, "out"),
     ("mla_decode", "out dtype", lambda d: MLA(d, out=T(2, 1, 2, 8, dtype=torch.float16, device=d)), TypeError, "out"),
     ("mla_decode", "lse_out shape", lambda d: MLA(d, lse_out=torch.empty(2, 2, 1, device=d)), ValueError, "lse_out"),
@@ -686,3 +693,216 @@ def test_flash_attention_refuses_more_sequences_than_a_grid_holds(dev):
     cu = torch.arange(65537, dtype=torch.int32, device=dev)
     with pytest.raises(ValueError, match="cu_seqlens_q: at most 65535 sequences"):
         kernels.flash_attention(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+
+# validate=True / "deferred" / False: the kernels check lengths, pages and ids themselves ----------
+
+@pytest.fixture(autouse=True)
+def _no_deferred_error_left_behind():
+    """A test that leaves a deferred error would make a later validating call of this worker raise."""
+    yield
+    from kernels import _launch
+    assert not _launch._pending, "a deferred check was left unread"
+
+
+def _bad_calls(d):
+    """(launcher, argument, call(validate, out) -> outputs, out shapes, bad rows), each with
+    one bad length, page index or id; out: the output buffers, passed as out= (and lse_out=)."""
+    q2, k2 = T(2, 4, 16, device=d), T(2, 8, 2, 16, device=d)
+    pool = T(4, 4, 2, 16, device=d)
+    mla_paged = dict(c_kv=T(4, 4, 8, device=d), k_pe=T(4, 4, 4, device=d),
+                     page_table=torch.tensor([[0, 1], [2, -1]], dtype=torch.int32, device=d))
+    mla_args = dict(q_nope=T(2, 1, 2, 8, device=d), q_pe=T(2, 1, 2, 4, device=d), softmax_scale=0.3)
+    mla_cache = dict(c_kv=T(2, 6, 8, device=d), k_pe=T(2, 6, 4, device=d))
+    table, ids = T(5, 8, device=d), torch.tensor([0, 5, 1, -2], device=d)
+    mla = ((2, 1, 2, 8), (2, 1, 2))
+
+    def mla_call(cache, lens):
+        return lambda v, out: kernels.mla_decode(**mla_args, **cache, lens=torch.tensor(lens, device=d), validate=v,
+                                                 out=out[0], lse_out=out[1])
+
+    return [
+        ("mla_decode", "lens", mla_call(mla_cache, [7, 1]), mla, [0]),
+        ("mla_decode", "lens", mla_call(mla_cache, [6, -1]), mla, [1]),
+        ("mla_decode", "page_table", mla_call(mla_paged, [3, 5]), mla, [1]),
+        ("decode_attention", "seqlens", lambda v, out: (kernels.decode_attention(
+            q2, k2, k2, torch.tensor([1, 9], device=d), validate=v, out=out[0]),), ((2, 4, 16),), [1]),
+        ("decode_attention", "block_table", lambda v, out: (kernels.decode_attention(
+            q2, pool, pool, torch.tensor([3, 8], device=d), block_table=torch.tensor([[0, 1], [2, 4]], device=d),
+            validate=v, out=out[0]),), ((2, 4, 16),), [1]),
+        ("embedding", "ids", lambda v, out: (kernels.embedding(ids, table, validate=v, out=out[0]),), ((4, 8),), [1, 3]),
+    ]
+
+
+def _bad_params():
+    return [pytest.param(i, id=f"{c[0]}-{c[1]}-{i}", marks=pytest.mark.op(c[0])) for i, c in enumerate(_bad_calls("cpu"))]
+
+
+def _run(d, i, validate):
+    launcher, arg, call, shapes, bad = _bad_calls(d)[i]
+    out = [torch.zeros(s, device=d) for s in shapes]
+    return launcher, arg, call, out, bad
+
+
+def _nan_rows_exactly(out, bad):
+    for o in out:
+        rows = o.reshape(o.shape[0], -1).isnan().all(1) if o.dim() > 1 else o.isnan()
+        assert rows.tolist() == [r in bad for r in range(o.shape[0])], (rows, bad)
+
+
+@pytest.mark.parametrize("i", _bad_params())
+def test_validated_bad_index_raises_at_the_call_naming_the_argument(i, dev):
+    """validate=True: the kernel's error word, read once after the launch, gives a ValueError naming
+    the argument with its min and max (computed on that path only); out holds NaN rows by then."""
+    launcher, arg, call, out, bad = _run(dev, i, True)
+    with pytest.raises(ValueError, match=f"^{arg}: expected .*(got min|\\(min)") as info:
+        call(True, out)
+    assert "deferred" not in str(info.value)
+    _nan_rows_exactly(out, bad)
+
+
+@pytest.mark.parametrize("i", _bad_params())
+def test_deferred_bad_index_raises_at_raise_deferred_errors(i, dev):
+    """validate="deferred": no error at the call (no host sync), NaN rows; the error, naming the
+    argument and the launcher, at kernels.raise_deferred_errors(), and only once."""
+    launcher, arg, call, out, bad = _run(dev, i, "deferred")
+    call("deferred", out)
+    _nan_rows_exactly(out, bad)
+    with pytest.raises(ValueError, match=f'^{arg}: expected .* an earlier {launcher} call with validate="deferred"'):
+        kernels.raise_deferred_errors()
+    kernels.raise_deferred_errors()
+
+
+@pytest.mark.parametrize("i", _bad_params())
+def test_deferred_bad_index_raises_at_the_next_validating_call(i, dev):
+    """The error of a deferred call is raised by the next call of any validating launcher (True or
+    "deferred") once its copy has landed (at once on the CPU); validate=False calls do not look."""
+    launcher, arg, call, out, bad = _run(dev, i, "deferred")
+    call("deferred", out)
+    table = T(4, 8, device=dev)
+    kernels.embedding(torch.tensor([1], device=dev), table, validate=False)
+    if dev != "cpu":
+        torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=f"^{arg}: .*{launcher}"):
+        kernels.embedding(torch.tensor([1], device=dev), table)
+    assert torch.equal(kernels.embedding(torch.tensor([1], device=dev), table, validate="deferred")[0], table[1])
+    kernels.raise_deferred_errors()
+
+
+@pytest.mark.parametrize("i", _bad_params())
+def test_unvalidated_bad_index_gives_nan_rows_and_no_error(i, dev):
+    """validate=False: no error now or later, the same NaN rows; the three modes give the same bits."""
+    launcher, arg, call, out, bad = _run(dev, i, False)
+    call(False, out)
+    _nan_rows_exactly(out, bad)
+    kernels.raise_deferred_errors()
+    deferred = [torch.zeros_like(o) for o in out]
+    call("deferred", deferred)
+    with pytest.raises(ValueError):
+        kernels.raise_deferred_errors()
+    checked = [torch.zeros_like(o) for o in out]
+    with pytest.raises(ValueError):
+        call(True, checked)
+    for a, b, c in zip(out, deferred, checked):
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) and torch.equal(a.nan_to_num(7.0), c.nan_to_num(7.0))
+
+
+def test_each_deferred_error_is_raised_once_in_call_order(dev):
+    """Two bad deferred calls: the second raises the first's error before launching if that copy
+    has landed (always on the CPU); otherwise both are pending and raise_deferred_errors() raises
+    the first, counting the second. Either way nothing is raised twice."""
+    calls = _bad_calls(dev)
+    (_, arg_a, call_a, shapes_a, _), (launcher_b, arg_b, call_b, shapes_b, _) = calls[0], calls[3]
+    call_a("deferred", [torch.zeros(s, device=dev) for s in shapes_a])
+    try:
+        call_b("deferred", [torch.zeros(s, device=dev) for s in shapes_b])
+    except ValueError as e:
+        assert str(e).startswith(f"{arg_a}:") and "more deferred" not in str(e)
+        kernels.raise_deferred_errors()
+        return
+    with pytest.raises(ValueError, match=f"^{arg_a}: .*\\(1 more deferred check\\(s\\) found bad input too\\)$"):
+        kernels.raise_deferred_errors()
+    kernels.raise_deferred_errors()
+
+
+@pytest.mark.op("mla_decode")
+def test_a_call_with_nothing_to_compute_still_checks_its_lengths(dev):
+    """H = 0 heads: no launch, so validate=True checks lens and the pages on the host."""
+    with pytest.raises(ValueError, match="^lens: expected lengths in \\[0, 6\\].*got min 1 max 7"):
+        MLA(dev, q_nope=T(2, 1, 0, 8, device=dev), q_pe=T(2, 1, 0, 4, device=dev), lens=torch.tensor([7, 1], device=dev))
+    with pytest.raises(ValueError, match="^page_table: expected page indices in \\[0, 4\\).*got min -1 max 2"):
+        MLA(dev, paged=True, q_nope=T(2, 1, 0, 8, device=dev), q_pe=T(2, 1, 0, 4, device=dev),
+            lens=torch.tensor([3, 5], device=dev))
+    assert MLA(dev, q_nope=T(2, 1, 0, 8, device=dev), q_pe=T(2, 1, 0, 4, device=dev), lens=torch.tensor([7, 1], device=dev),
+               validate="deferred")[0].numel() == 0
+
+
+@pytest.mark.parametrize("op,config", [pytest.param(o, "cuda_graph", id=o, marks=pytest.mark.op(o))
+                                       for o in ("decode_attention", "mla_decode")])
+def test_deferred_errors_of_a_cuda_graph_add_up_across_replays(op, config, backend):
+    """Captured, validate=True is refused (naming validate); a captured "deferred" call keeps an
+    error word the graph never clears: a bad length in the middle replay of three is raised by
+    raise_deferred_errors() after the last (a clean one), once; its rows were NaN in that replay."""
+    assert backend.name == "gpu", "a CUDA graph captures CUDA kernels (declared gap interp-no-cuda-graph)"
+    dev = backend.device
+    lens = torch.tensor([3, 2], dtype=torch.int32, device=dev)
+    if op == "decode_attention":
+        q, cache = T(2, 4, 16, device=dev), T(2, 8, 2, 16, device=dev)
+        out = [torch.empty(2, 4, 16, device=dev)]
+        run = lambda v: kernels.decode_attention(q, cache, cache, lens, validate=v, out=out[0])  # noqa: E731
+    else:
+        q_nope, q_pe, c_kv, k_pe = T(2, 1, 2, 8, device=dev), T(2, 1, 2, 4, device=dev), T(2, 8, 8, device=dev), \
+            T(2, 8, 4, device=dev)
+        out = [torch.empty(2, 1, 2, 8, device=dev), torch.empty(2, 1, 2, device=dev)]
+        run = lambda v: kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.3, validate=v,  # noqa: E731
+                                           out=out[0], lse_out=out[1])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):          # the warm-up: compiles, and sets up the pool of graph words
+        run("deferred")
+    torch.cuda.current_stream().wait_stream(side)
+    kernels.raise_deferred_errors()
+    refused, message = torch.cuda.CUDAGraph(), None
+    try:
+        with torch.cuda.graph(refused):
+            run(True)
+    except ValueError as e:
+        message = str(e)
+    # Destroyed now, not by a later garbage collection that could fall inside another test's
+    # capture (a graph's reset during a capture invalidates that capture).
+    del refused
+    gc.collect()
+    assert (message or "").startswith("validate: True reads the error word back"), message
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run("deferred")
+    for bad in (False, True, False):
+        lens.copy_(torch.tensor([3, 9 if bad else 2], dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert bool(out[0][1].isnan().all()) == bad and not out[0][0].isnan().any()
+    name = "seqlens" if op == "decode_attention" else "lens"
+    with pytest.raises(ValueError, match=f'^{name}: expected lengths in \\[0, 8\\].* an earlier {op} call with validate="deferred"'):
+        kernels.raise_deferred_errors()
+    kernels.raise_deferred_errors()
+
+
+@pytest.mark.op("embedding")
+def test_deferred_words_are_clean_when_their_ring_comes_round(dev):
+    """Deferred calls take the words of a ring in turn, zeroed once before the ring is reused: over
+    more than two turns, each of two bad calls is raised once, by the call after it, and no
+    clean call ever reports a stale error."""
+    from kernels._launch import _RING
+    table = T(4, 8, device=dev)
+    good, bad = torch.tensor([1, 2], device=dev), torch.tensor([1, 9], device=dev)
+    raised = []
+    for i in range(2 * _RING + 3):
+        try:
+            kernels.embedding(bad if i in (5, _RING + 1) else good, table, validate="deferred")
+        except ValueError as e:
+            assert str(e).startswith("ids: expected ids in [0, 4) (the table's rows), got 1 outside it")
+            raised.append(i)
+        if i in (5, _RING + 1) and dev != "cpu":
+            torch.cuda.synchronize()        # the copy has landed before the next call looks
+    kernels.raise_deferred_errors()
+    assert raised == [6, _RING + 2]

@@ -109,6 +109,9 @@ def _planted_params(config=None):
 @pytest.mark.parametrize("name,op,dtype,config", _planted_params())
 def test_a_planted_memory_bug_fails_its_check_and_the_real_kernel_passes(name, op, dtype, config, backend, budgets):
     p = planted.PLANTED[name]
+    if p.bad_input:
+        _planted_bad_input_is_caught(p, backend)
+        return
     real = run_case(p.case, backend, budgets)
     assert real.passed, real.failure_message()
     try:
@@ -121,6 +124,38 @@ def test_a_planted_memory_bug_fails_its_check_and_the_real_kernel_passes(name, o
     if "store" in name or "descriptor" in name:
         memory = [c.problem for c in outcome.checks if c.output == MEMORY]
         assert memory and "past the end of output" in memory[0], outcome.failure_message()
+
+
+def _planted_bad_input_is_caught(p, backend):
+    """A kernel that trusts a bad index reads outside the cache: the interpreter's lane guard
+    raises; on a GPU the read lands in the guard's NaN margin, and the missing check shows as no
+    error from validate=True (memcheck sees the read itself: the sanitizer test below)."""
+    real = planted.run_bad_index(p.bad_input, backend.device, True, MemoryGuard(), wild=False)
+    assert real == [], real
+    try:
+        with planted.installed(p):
+            problems = planted.run_bad_index(p.bad_input, backend.device, True, MemoryGuard(), wild=False)
+    except Exception as e:
+        assert backend.name == "interpreter" and "OutOfBoundsAccess" in repr(e), repr(e)
+        return
+    assert backend.name == "gpu" and problems, f"{p.name}: the planted bug passed ({problems})"
+
+
+# Planted bad indices: never read, NaN rows, the error as validate says ------------------------
+
+@pytest.mark.parametrize("validate", [True, "deferred", False], ids=["validate", "deferred", "unvalidated"])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.op(s.launcher)) for n, s in planted.BAD_INDEX.items()])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_planted_bad_lengths_and_pages_are_not_read(name, validate, splits, backend):
+    """Lengths and page indices just outside the cache (the first page past the pool and page -1,
+    which lie in the pool's NaN margins; a length one past the capacity, whose next position lies
+    past the cache's margin; on the interpreter also indices far outside, which the lane guard
+    would catch): the kernel reads none of them, stores nothing outside its buffers (the error
+    word included), makes those sequences' rows NaN, leaves the others as a call without them
+    gives them, and reports them as `validate` says."""
+    wild = backend.name == "interpreter"        # a GPU read of a wild index would fault the context
+    problems = planted.run_bad_index(name, backend.device, validate, MemoryGuard(), wild=wild, num_splits=splits)
+    assert problems == [], problems
 
 
 def test_planted_edits_change_only_their_function():

@@ -50,15 +50,21 @@ def _paged(cache, lens, page_size, seed, fill=math.nan):
 
 @pytest.mark.parametrize("op,dtype", _params())
 def test_paged_equals_contiguous_whatever_the_pages(op, dtype, backend):
+    """The launcher plans its splits on the cache's capacity (the lengths stay on the device), so
+    the contiguous cache it is compared with has the paged table's capacity: positions past 50
+    hold garbage that is never read."""
     dev = backend.device
     q_nope, q_pe, c_kv, k_pe = _inputs(dtype, dev)
     lens = torch.tensor([50, 17, 1], dtype=torch.int32, device=dev)
     fixed = dict(num_splits=2, block_h=16, block_n=16)
-    want = kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, SCALE, **fixed)
     for page_size, seed in ((16, 0), (16, 1), (7, 2), (1, 3), (64, 4)):
         pc, table = _paged(c_kv, lens, page_size, seed)
         pk, _ = _paged(k_pe, lens, page_size, seed)
         got = kernels.mla_decode(q_nope, q_pe, pc, pk, lens, SCALE, table, page_size, **fixed)
+        spare = table.shape[1] * page_size - c_kv.shape[1]
+        want = kernels.mla_decode(q_nope, q_pe, torch.nn.functional.pad(c_kv, (0, 0, 0, spare), value=math.nan),
+                                  torch.nn.functional.pad(k_pe, (0, 0, 0, spare), value=math.inf), lens, SCALE,
+                                  **fixed)
         for name, g, w in zip(("o", "lse"), got, want):
             assert torch.equal(g, w), f"paged {name} (page size {page_size}, permutation {seed}) differs from contiguous"
 
@@ -139,6 +145,23 @@ def test_strided_views_give_the_bits_of_their_contiguous_copies(op, dtype, backe
     pool, table = _paged(both, lens, 16, seed=43)
     paged = kernels.mla_decode(qn, qp, pool[..., :L], pool[..., L:], lens, SCALE, table)
     assert all(torch.equal(p, c) for p, c in zip(paged, contiguous))
+
+
+@pytest.mark.parametrize("op,dtype", _params())
+def test_a_strided_page_table_gives_the_bits_of_its_contiguous_copy(op, dtype, backend):
+    """A page table that is a view with a column stride (every other column of a wider table, or
+    transposed storage) is read through its strides, not as if it were contiguous."""
+    dev = backend.device
+    q_nope, q_pe, c_kv, k_pe = _inputs(dtype, dev, seed=45)
+    lens = torch.tensor([50, 17, 33], dtype=torch.int32, device=dev)
+    pc, table = _paged(c_kv, lens, 8, seed=46)
+    pk, _ = _paged(k_pe, lens, 8, seed=46)
+    want = kernels.mla_decode(q_nope, q_pe, pc, pk, lens, SCALE, table, num_splits=2)
+    wide = torch.full((3, 2 * table.shape[1]), 10**6, dtype=torch.int32, device=dev)
+    wide[:, ::2] = table
+    for view in (wide[:, ::2], table.t().contiguous().t()):
+        got = kernels.mla_decode(q_nope, q_pe, pc, pk, lens, SCALE, view, num_splits=2)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), view.stride()
 
 
 @pytest.mark.parametrize("op,dtype", _params())
