@@ -16,15 +16,16 @@ over a one-hot tile). No atomics, so the output is a deterministic function of t
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
-
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._device import grouped_tile
 from kernels._launch import (FLOAT_DTYPES, allocate, check_finite, check_same_device, check_same_dtype, check_tensor,
-                            interpreting, new_out)
+                            check_validate, error_word, interpreting, new_out, report_errors)
 
 MAX_EXPERTS = 1024
 SCORINGS = ("softmax", "sigmoid")
@@ -600,26 +601,35 @@ def _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m):
     return buf
 
 
-def _combine(buf, inv, topk_weights, out, E, topk_ids, validate):
-    """The combine launch of both layers, and the ids' check: with validate, the count of tokens
-    with an id outside [0, E) is read back once, after every launch of the call."""
+def _combine(buf, inv, topk_weights, out, E, topk_ids, validate, launcher):
+    """The combine launch of both layers, and the ids' check: the combine counts the tokens with
+    an id outside [0, E) into the call's error word (kernels/_launch.py), which validate=True
+    reads back once, after every launch of the call, and "deferred" copies without a sync."""
     T, H = out.shape
     K = topk_weights.shape[1]
-    bad = allocate((1,), torch.int32, out.device, name="bad_ids", zero=True) if validate else buf
+    count = validate is not False
+    bad = error_word(out.device, validate) if count else buf
     block_t = 16
     block_n = min(128, max(16, triton.next_power_of_2(H)))
     _moe_combine_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
-        buf, inv, topk_weights, bad, out, T, H, K, *topk_weights.stride(), COUNT_BAD=validate,
+        buf, inv, topk_weights, bad, out, T, H, K, *topk_weights.stride(), COUNT_BAD=count,
         BLOCK_T=block_t, BLOCK_N=block_n)
-    if validate and int(bad.item()):         # the call's only host sync
-        lo, hi = (int(v) for v in torch.aminmax(topk_ids))
-        raise ValueError(f"topk_ids: expected expert ids in [0, {E}), got {int(bad.item())} tokens with ids "
-                         f"outside it (min {lo}, max {hi}); their rows of the output are NaN")
+    if count:
+        report_errors(bad, validate, launcher, functools.partial(_bad_ids, E), functools.partial(_id_range, topk_ids))
+
+
+def _bad_ids(E, n_tokens):
+    return [("topk_ids", f"expected expert ids in [0, {E}), got {n_tokens} tokens with ids outside it")]
+
+
+def _id_range(topk_ids, argument):
+    lo, hi = (int(v) for v in torch.aminmax(topk_ids))
+    return f" (min {lo}, max {hi})"
 
 
 def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
         topk_weights: torch.Tensor, *, block_m: int | None = None, out: torch.Tensor | None = None,
-        validate: bool = True) -> torch.Tensor:
+        validate: bool | str = True) -> torch.Tensor:
     """The expert layer of an MoE block: y[t] = sum_s w[t, s] w2[e] (silu(g) * u), (g; u) =
     w13[e] x[t], e = topk_ids[t, s]. x [T, H]; w13 [E, 2I, H] (gate rows, then up rows) and
     w2 [E, H, I] in x's dtype; topk_ids int32 [T, k] in [0, E); topk_weights fp32 [T, k].
@@ -655,8 +665,7 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
     if block_m is not None and (isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 16
                                 or block_m & (block_m - 1) or block_m > 256):
         raise ValueError(f"block_m: expected a power of two from 16 to 256, got {block_m!r}")
-    if not isinstance(validate, bool):
-        raise TypeError(f"validate: expected a bool, got {type(validate).__name__}")
+    check_validate(validate)
     K = topk_ids.shape[1]
     out = new_out(out, (T, H), x.dtype, x.device)
     if T == 0:
@@ -667,7 +676,7 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
         buf = _moe_tma(x, w13, w2, sorted_ids, block_expert, num, bm)
     else:
         buf = _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m)
-    _combine(buf, inv, topk_weights, out, E, topk_ids, validate)
+    _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe")
     return out
 
 
@@ -789,7 +798,7 @@ def _moe_mxfp4_blocks(T, K, E, H, I, block_m):
 
 def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2_q: torch.Tensor,
               w2_scales: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
-              block_m: int | None = None, out: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
+              block_m: int | None = None, out: torch.Tensor | None = None, validate: bool | str = True) -> torch.Tensor:
     """The expert layer of `moe` with MXFP4 expert weights, dequantized inside the kernels:
     x [T, H] (fp32, fp16, bf16); w13_q uint8 [E, 2I, H/2] (gate rows, then up rows; element 2j of a
     row in the low nibble of byte j) and w13_scales uint8 [E, 2I, H/32] (e8m0, one per 32 values
@@ -836,8 +845,7 @@ def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2
     if block_m is not None and (isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 16
                                 or block_m & (block_m - 1) or block_m > 256):
         raise ValueError(f"block_m: expected a power of two from 16 to 256, got {block_m!r}")
-    if not isinstance(validate, bool):
-        raise TypeError(f"validate: expected a bool, got {type(validate).__name__}")
+    check_validate(validate)
     K = topk_ids.shape[1]
     out = new_out(out, (T, H), x.dtype, x.device)
     if T == 0:
@@ -859,5 +867,5 @@ def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2
     _moe_mxfp4_down_kernel[(n_blocks * tiles_dn,)](
         h, w2_q, w2_scales, buf, sorted_ids, block_expert, N, H, I, *w2_q.stride(), *w2_scales.stride(), tiles_dn,
         BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, OPERAND=operand, PRECISION=precision)
-    _combine(buf, inv, topk_weights, out, E, topk_ids, validate)
+    _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
     return out

@@ -88,7 +88,7 @@ def test_repeated_expert_counts_twice(backend, budgets):
 def test_bad_ids_give_nan_rows_and_an_error_only_when_validated(tma, backend):
     """An id outside [0, E) is found on the device: that token's row is NaN (never a sum without
     it), the other rows are the layer's; validate=True raises naming topk_ids after the launches,
-    validate=False raises nothing. Both paths (fp16 row-major takes TMA; a transposed w13 not)."""
+    "deferred" at raise_deferred_errors(), validate=False never. Both paths (fp16 row-major takes TMA; a transposed w13 not)."""
     T, H, I, E = 12, 32, 16, 4
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(T, H, generator=gen).half().to(backend.device)
@@ -108,3 +108,8 @@ def test_bad_ids_give_nan_rows_and_an_error_only_when_validated(tma, backend):
     assert nan_rows.tolist() == [t in (3, 7) for t in range(T)]
     keep = ~nan_rows
     assert torch.equal(y.cpu()[keep], good.cpu()[keep])
+    deferred = kernels.moe(x, w13, w2, bad, tw, validate="deferred")       # no error at the call
+    assert torch.equal(torch.isnan(deferred).all(dim=1).cpu(), nan_rows)
+    with pytest.raises(ValueError, match="topk_ids.*earlier moe call"):
+        kernels.raise_deferred_errors()
+    kernels.raise_deferred_errors()                                           # raised once
