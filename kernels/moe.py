@@ -34,7 +34,9 @@ _INT32_MAX = 2**31 - 1
 _ONE_CHUNK_CAPACITY = 1 << 16     # a one-program permutation fills at most this many slots
 
 
-@triton.jit
+# T, E and the row strides are not specialised on (== 1, multiple of 16): every routing shape of
+# the suite compiled its own variants (286 on the H200 gpu profile), for no speed.
+@triton.jit(do_not_specialize=["T", "E", "xs0", "bs0", "scaling"])
 def _route_kernel(x_ptr, bias_ptr, ids_ptr, w_ptr, T, E, xs0, xs1, bs0, scaling,
                   TOP_K: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
