@@ -56,7 +56,7 @@ def profile(fn, n=5):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="profile,prefill,decode")
+    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")
     args = ap.parse_args()
     parts = args.part.split(",")
     T = 8192
@@ -115,6 +115,35 @@ def main():
                 print(f"{name} decode T{Td} moe_permute as called {ms * 1e3:.1f} us", flush=True)
             del x, w13, w2
             torch.cuda.empty_cache()
+
+    if "mxfp4" in parts:
+        base = dict(km._MXFP4_TILES)
+        cfgs = [base, dict(up_n=32, down_n=32, k=128, warps=4, stages=3), dict(up_n=32, down_n=64, k=256, warps=4, stages=3),
+                dict(up_n=64, down_n=64, k=128, warps=8, stages=3), dict(up_n=16, down_n=32, k=256, warps=4, stages=4)]
+        for name, Td in (("mixtral", 1), ("mixtral", 16), ("qwen3", 16), ("qwen3", 64)):
+            E, k, H, I = SHAPES[name]
+            x, w13, w2, ids, tw = setup(name, Td, seed=Td)
+            q13, s13 = kernels.quantize_mxfp4(w13)
+            q2, s2 = kernels.quantize_mxfp4(w2)
+            del w13, w2
+            touched = ids.unique().numel()
+            nbytes = touched * 3 * I * H * (0.5 + 1 / 32) + 2 * Td * H * 2
+            for cfg in cfgs:
+                km._MXFP4_TILES.update(cfg)
+                ms = graph_ms(lambda: kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False))
+                print(f"mxfp4 {name} decode T{Td} graph cfg {cfg} {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s",
+                      flush=True)
+            km._MXFP4_TILES.update(base)
+            del q13, s13, q2, s2
+            torch.cuda.empty_cache()
+        x, w13, w2, ids, tw = setup("mixtral", 8192)
+        q13, s13 = kernels.quantize_mxfp4(w13)
+        q2, s2 = kernels.quantize_mxfp4(w2)
+        del w13, w2
+        flops = 2 * 8192 * 2 * 3 * 14336 * 4096
+        for bm in (64, 128):
+            ms = bench(lambda: kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, block_m=bm, validate=False))
+            print(f"mxfp4 mixtral T8192 block_m {bm} {ms:.3f} ms {tflops(flops, ms):.0f} TFLOP/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -321,8 +321,8 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sor
 @triton.jit
 def _weight_tile(w_ptr, e, rows, cols, s0, s1, s2, mask):
     """Rows `rows` and columns `cols` of expert e's weight matrix w[e], as a [rows, cols] tile of
-    the weights' dtype (zeros outside `mask`). The one place a weight is read: an MXFP4 expert
-    weight would decode its codes and scales here (kernels/mxfp4.py, _mxfp4_decode)."""
+    the weights' dtype (zeros outside `mask`), for the pointer kernels (moe_mxfp4's decode their
+    codes in _mxfp4_weight_halves)."""
     ptrs = w_ptr + e.to(tl.int64) * s0 + rows.to(tl.int64)[:, None] * s1 + cols.to(tl.int64)[None, :] * s2
     return tl.load(ptrs, mask=mask, other=0.0)
 
@@ -688,33 +688,36 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
 # registers; moe_permute, the fp32 [slots, H] buffer and the combine are shared with moe above.
 # =============================================================================================
 
-from kernels.mxfp4 import BLOCK as MXFP4_BLOCK, _mxfp4_decode  # noqa: E402  (this section's own import)
+from kernels.mxfp4 import BLOCK as MXFP4_BLOCK, _e2m1_decode, _f32_to_bf16_exact  # noqa: E402  (this section's own import)
 
 _F32, _F16, _BF16 = 0, 1, 2          # the GEMM operand dtype (x's): how a decoded tile reaches it
 
 
 @triton.jit
-def _mxfp4_weight_tile(q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1, ss2,
-                       BLOCK_K: tl.constexpr, OPERAND: tl.constexpr):
+def _mxfp4_weight_halves(q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1, ss2,
+                         BLOCK_K: tl.constexpr, OPERAND: tl.constexpr):
     """Rows `rows` and columns k0 .. k0 + BLOCK_K - 1 of expert e's MXFP4 weight matrix (K
-    columns: codes [rows, K / 2], scales [rows, K / 32]), as a [rows, BLOCK_K] tile of the operand
-    dtype. k0 and BLOCK_K are multiples of 32, so the tile holds whole scale blocks. Rows outside
-    `row_ok` and columns past K load code 0 under scale 0: zeros. fp32 and bf16 get the decoded
-    values exactly; fp16 rounds each once (to nearest even)."""
+    columns: codes [rows, K / 2], scales [rows, K / 32]) as two [rows, BLOCK_K / 2] tiles of the
+    operand dtype: the even columns k0 + 2j (low nibbles) and the odd ones k0 + 2j + 1 (high
+    nibbles). The GEMM multiplies them by x's even and odd columns, so no tile is interleaved or
+    reshaped. Rows outside `row_ok` and columns past K load code 0 under scale 0: zeros. fp32
+    and bf16 get the decoded values exactly; fp16 rounds each once (to nearest even)."""
     e64 = e.to(tl.int64)
     r64 = rows.to(tl.int64)[:, None]
-    nb = k0 // 2 + tl.arange(0, BLOCK_K // 2)               # code bytes: two values each
-    ns = k0 // 32 + tl.arange(0, BLOCK_K // 32)             # scale bytes: 32 values each
-    packed = tl.load(q_ptr + e64 * sq0 + r64 * sq1 + nb.to(tl.int64)[None, :] * sq2,
-                     mask=row_ok[:, None] & (nb < K // 2)[None, :], other=0)
-    scales = tl.load(s_ptr + e64 * ss0 + r64 * ss1 + ns.to(tl.int64)[None, :] * ss2,
-                     mask=row_ok[:, None] & (ns < K // 32)[None, :], other=0)
+    nb = k0 // 2 + tl.arange(0, BLOCK_K // 2)               # code bytes: columns 2j and 2j + 1
+    ok = row_ok[:, None] & (nb < K // 2)[None, :]
+    p = tl.load(q_ptr + e64 * sq0 + r64 * sq1 + nb.to(tl.int64)[None, :] * sq2, mask=ok, other=0).to(tl.int32) & 0xFF
+    # The scale of each byte's block (32 columns = 16 bytes), one load per byte (cached).
+    sc = tl.load(s_ptr + e64 * ss0 + r64 * ss1 + (nb // 16).to(tl.int64)[None, :] * ss2, mask=ok,
+                 other=0).to(tl.int32) & 0xFF
+    even = _e2m1_decode(p & 0xF, sc)
+    odd = _e2m1_decode(p >> 4, sc)
     if OPERAND == 2:
-        return _mxfp4_decode(packed, scales, BLOCK_K, True)
+        return _f32_to_bf16_exact(even), _f32_to_bf16_exact(odd)
     elif OPERAND == 1:
-        return _mxfp4_decode(packed, scales, BLOCK_K).to(tl.float16)
+        return even.to(tl.float16), odd.to(tl.float16)
     else:
-        return _mxfp4_decode(packed, scales, BLOCK_K)
+        return even, odd
 
 
 @triton.jit
@@ -737,19 +740,23 @@ def _moe_mxfp4_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_pt
         token = tl.where(live, entry // K_SLOTS, 0).to(tl.int64)
         cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
-        ks = tl.arange(0, BLOCK_K)
+        js = tl.arange(0, BLOCK_K // 2)
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
-            kk = k0 + ks
-            a = tl.load(x_ptr + token[:, None] * sx0 + kk.to(tl.int64)[None, :] * sx1,
-                        mask=live[:, None] & (kk < H)[None, :], other=0.0)
-            wg = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2,
-                                    BLOCK_K, OPERAND)                                  # gate rows
-            wu = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols + I, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2,
-                                    BLOCK_K, OPERAND)                                  # up rows
-            acc_g = tl.dot(a, tl.trans(wg), acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a, tl.trans(wu), acc_u, input_precision=PRECISION)
+            kk = k0 + 2 * js                                                  # even columns
+            a_ptrs = x_ptr + token[:, None] * sx0 + kk.to(tl.int64)[None, :] * sx1
+            a_mask = live[:, None] & (kk < H)[None, :]
+            a_even = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            a_odd = tl.load(a_ptrs + sx1, mask=a_mask, other=0.0)
+            g_even, g_odd = _mxfp4_weight_halves(q_ptr, s_ptr, e, cols, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2,
+                                                 BLOCK_K, OPERAND)                     # gate rows
+            u_even, u_odd = _mxfp4_weight_halves(q_ptr, s_ptr, e, cols + I, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1,
+                                                 ss2, BLOCK_K, OPERAND)                # up rows
+            acc_g = tl.dot(a_even, tl.trans(g_even), acc_g, input_precision=PRECISION)
+            acc_g = tl.dot(a_odd, tl.trans(g_odd), acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(a_even, tl.trans(u_even), acc_u, input_precision=PRECISION)
+            acc_u = tl.dot(a_odd, tl.trans(u_odd), acc_u, input_precision=PRECISION)
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         tl.store(h_ptr + slots[:, None] * I + cols[None, :], h.to(h_ptr.dtype.element_ty),
                  mask=live[:, None] & col_ok[None, :])
@@ -771,15 +778,21 @@ def _moe_mxfp4_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, sorted_ptr, block_exper
         live = tl.load(sorted_ptr + slots) < N_ENTRIES
         cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < H
-        ks = tl.arange(0, BLOCK_K)
+        js = tl.arange(0, BLOCK_K // 2)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
-            kk = k0 + ks
-            a = tl.load(h_ptr + slots[:, None] * I + kk[None, :], mask=live[:, None] & (kk < I)[None, :], other=0.0)
-            w = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols, col_ok, k0, I, sq0, sq1, sq2, ss0, ss1, ss2,
-                                   BLOCK_K, OPERAND)
-            acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+            kk = k0 + 2 * js                                                  # even columns
+            a_ptrs = h_ptr + slots[:, None] * I + kk[None, :]
+            a_mask = live[:, None] & (kk < I)[None, :]
+            w_even, w_odd = _mxfp4_weight_halves(q_ptr, s_ptr, e, cols, col_ok, k0, I, sq0, sq1, sq2, ss0, ss1, ss2,
+                                                 BLOCK_K, OPERAND)
+            acc = tl.dot(tl.load(a_ptrs, mask=a_mask, other=0.0), tl.trans(w_even), acc, input_precision=PRECISION)
+            acc = tl.dot(tl.load(a_ptrs + 1, mask=a_mask, other=0.0), tl.trans(w_odd), acc, input_precision=PRECISION)
         tl.store(buf_ptr + slots[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
+
+
+# GPU tiles of moe_mxfp4's kernels (bench/explore_moe.py --part mxfp4).
+_MXFP4_TILES = dict(up_n=64, down_n=128, k=128, warps=4, stages=3)
 
 
 def _moe_mxfp4_blocks(T, K, E, H, I, block_m):
@@ -789,8 +802,8 @@ def _moe_mxfp4_blocks(T, K, E, H, I, block_m):
     end in a partial tile whenever they are an odd multiple of 32 (a 32-wide tile never would)."""
     if block_m is None:
         block_m = 16 if interpreting() or T * K <= 4 * E * 16 else 64
-    interp = interpreting()
-    cap_n_up, cap_n_dn, cap_k = (64, 64, 64) if interp else (64, 128, 128)
+    t = _MXFP4_TILES
+    cap_n_up, cap_n_dn, cap_k = (64, 64, 64) if interpreting() else (t["up_n"], t["down_n"], t["k"])
     bn_up = min(cap_n_up, max(16, triton.next_power_of_2(I)))
     bk_up = min(cap_k, max(MXFP4_BLOCK, triton.next_power_of_2(H)))
     bn_dn = min(cap_n_dn, max(16, triton.next_power_of_2(H)))
@@ -864,10 +877,12 @@ def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2
     _moe_mxfp4_up_kernel[(n_blocks * tiles_up,)](
         x, w13_q, w13_scales, h, sorted_ids, block_expert, N, K, H, I, x.stride(0), x.stride(1),
         *w13_q.stride(), *w13_scales.stride(), tiles_up,
-        BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, OPERAND=operand, PRECISION=precision)
+        BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, OPERAND=operand, PRECISION=precision,
+        num_warps=_MXFP4_TILES["warps"], num_stages=_MXFP4_TILES["stages"])
     tiles_dn = triton.cdiv(H, bn_dn)
     _moe_mxfp4_down_kernel[(n_blocks * tiles_dn,)](
         h, w2_q, w2_scales, buf, sorted_ids, block_expert, N, H, I, *w2_q.stride(), *w2_scales.stride(), tiles_dn,
-        BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, OPERAND=operand, PRECISION=precision)
+        BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, OPERAND=operand, PRECISION=precision,
+        num_warps=_MXFP4_TILES["warps"], num_stages=_MXFP4_TILES["stages"])
     _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
     return out
