@@ -321,8 +321,8 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sor
 @triton.jit
 def _weight_tile(w_ptr, e, rows, cols, s0, s1, s2, mask):
     """Rows `rows` and columns `cols` of expert e's weight matrix w[e], as a [rows, cols] tile of
-    the weights' dtype (zeros outside `mask`), for the pointer kernels (moe_mxfp4's decode their
-    codes in _mxfp4_weight_halves)."""
+    the weights' dtype (zeros outside `mask`). The one place a weight is read: an MXFP4 expert
+    weight would decode its codes and scales here (kernels/mxfp4.py, _mxfp4_decode)."""
     ptrs = w_ptr + e.to(tl.int64) * s0 + rows.to(tl.int64)[:, None] * s1 + cols.to(tl.int64)[None, :] * s2
     return tl.load(ptrs, mask=mask, other=0.0)
 
@@ -688,36 +688,33 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
 # registers; moe_permute, the fp32 [slots, H] buffer and the combine are shared with moe above.
 # =============================================================================================
 
-from kernels.mxfp4 import BLOCK as MXFP4_BLOCK, _e2m1_decode, _f32_to_bf16_exact  # noqa: E402  (this section's own import)
+from kernels.mxfp4 import BLOCK as MXFP4_BLOCK, _mxfp4_decode  # noqa: E402  (this section's own import)
 
 _F32, _F16, _BF16 = 0, 1, 2          # the GEMM operand dtype (x's): how a decoded tile reaches it
 
 
 @triton.jit
-def _mxfp4_weight_halves(q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1, ss2,
-                         BLOCK_K: tl.constexpr, OPERAND: tl.constexpr):
+def _mxfp4_weight_tile(q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1, ss2,
+                       BLOCK_K: tl.constexpr, OPERAND: tl.constexpr):
     """Rows `rows` and columns k0 .. k0 + BLOCK_K - 1 of expert e's MXFP4 weight matrix (K
-    columns: codes [rows, K / 2], scales [rows, K / 32]) as two [rows, BLOCK_K / 2] tiles of the
-    operand dtype: the even columns k0 + 2j (low nibbles) and the odd ones k0 + 2j + 1 (high
-    nibbles). The GEMM multiplies them by x's even and odd columns, so no tile is interleaved or
-    reshaped. Rows outside `row_ok` and columns past K load code 0 under scale 0: zeros. fp32
-    and bf16 get the decoded values exactly; fp16 rounds each once (to nearest even)."""
+    columns: codes [rows, K / 2], scales [rows, K / 32]), as a [rows, BLOCK_K] tile of the operand
+    dtype. k0 and BLOCK_K are multiples of 32, so the tile holds whole scale blocks. Rows outside
+    `row_ok` and columns past K load code 0 under scale 0: zeros. fp32 and bf16 get the decoded
+    values exactly; fp16 rounds each once (to nearest even)."""
     e64 = e.to(tl.int64)
     r64 = rows.to(tl.int64)[:, None]
-    nb = k0 // 2 + tl.arange(0, BLOCK_K // 2)               # code bytes: columns 2j and 2j + 1
-    ok = row_ok[:, None] & (nb < K // 2)[None, :]
-    p = tl.load(q_ptr + e64 * sq0 + r64 * sq1 + nb.to(tl.int64)[None, :] * sq2, mask=ok, other=0).to(tl.int32) & 0xFF
-    # The scale of each byte's block (32 columns = 16 bytes), one load per byte (cached).
-    sc = tl.load(s_ptr + e64 * ss0 + r64 * ss1 + (nb // 16).to(tl.int64)[None, :] * ss2, mask=ok,
-                 other=0).to(tl.int32) & 0xFF
-    even = _e2m1_decode(p & 0xF, sc)
-    odd = _e2m1_decode(p >> 4, sc)
+    nb = k0 // 2 + tl.arange(0, BLOCK_K // 2)               # code bytes: two values each
+    ns = k0 // 32 + tl.arange(0, BLOCK_K // 32)             # scale bytes: 32 values each
+    packed = tl.load(q_ptr + e64 * sq0 + r64 * sq1 + nb.to(tl.int64)[None, :] * sq2,
+                     mask=row_ok[:, None] & (nb < K // 2)[None, :], other=0)
+    scales = tl.load(s_ptr + e64 * ss0 + r64 * ss1 + ns.to(tl.int64)[None, :] * ss2,
+                     mask=row_ok[:, None] & (ns < K // 32)[None, :], other=0)
     if OPERAND == 2:
-        return _f32_to_bf16_exact(even), _f32_to_bf16_exact(odd)
+        return _mxfp4_decode(packed, scales, BLOCK_K, True)
     elif OPERAND == 1:
-        return even.to(tl.float16), odd.to(tl.float16)
+        return _mxfp4_decode(packed, scales, BLOCK_K).to(tl.float16)
     else:
-        return even, odd
+        return _mxfp4_decode(packed, scales, BLOCK_K)
 
 
 @triton.jit
@@ -740,23 +737,19 @@ def _moe_mxfp4_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_pt
         token = tl.where(live, entry // K_SLOTS, 0).to(tl.int64)
         cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
-        js = tl.arange(0, BLOCK_K // 2)
+        ks = tl.arange(0, BLOCK_K)
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
-            kk = k0 + 2 * js                                                  # even columns
-            a_ptrs = x_ptr + token[:, None] * sx0 + kk.to(tl.int64)[None, :] * sx1
-            a_mask = live[:, None] & (kk < H)[None, :]
-            a_even = tl.load(a_ptrs, mask=a_mask, other=0.0)
-            a_odd = tl.load(a_ptrs + sx1, mask=a_mask, other=0.0)
-            g_even, g_odd = _mxfp4_weight_halves(q_ptr, s_ptr, e, cols, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2,
-                                                 BLOCK_K, OPERAND)                     # gate rows
-            u_even, u_odd = _mxfp4_weight_halves(q_ptr, s_ptr, e, cols + I, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1,
-                                                 ss2, BLOCK_K, OPERAND)                # up rows
-            acc_g = tl.dot(a_even, tl.trans(g_even), acc_g, input_precision=PRECISION)
-            acc_g = tl.dot(a_odd, tl.trans(g_odd), acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a_even, tl.trans(u_even), acc_u, input_precision=PRECISION)
-            acc_u = tl.dot(a_odd, tl.trans(u_odd), acc_u, input_precision=PRECISION)
+            kk = k0 + ks
+            a = tl.load(x_ptr + token[:, None] * sx0 + kk.to(tl.int64)[None, :] * sx1,
+                        mask=live[:, None] & (kk < H)[None, :], other=0.0)
+            wg = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2,
+                                    BLOCK_K, OPERAND)                                  # gate rows
+            wu = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols + I, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2,
+                                    BLOCK_K, OPERAND)                                  # up rows
+            acc_g = tl.dot(a, tl.trans(wg), acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(a, tl.trans(wu), acc_u, input_precision=PRECISION)
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         tl.store(h_ptr + slots[:, None] * I + cols[None, :], h.to(h_ptr.dtype.element_ty),
                  mask=live[:, None] & col_ok[None, :])
@@ -778,20 +771,19 @@ def _moe_mxfp4_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, sorted_ptr, block_exper
         live = tl.load(sorted_ptr + slots) < N_ENTRIES
         cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < H
-        js = tl.arange(0, BLOCK_K // 2)
+        ks = tl.arange(0, BLOCK_K)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
-            kk = k0 + 2 * js                                                  # even columns
-            a_ptrs = h_ptr + slots[:, None] * I + kk[None, :]
-            a_mask = live[:, None] & (kk < I)[None, :]
-            w_even, w_odd = _mxfp4_weight_halves(q_ptr, s_ptr, e, cols, col_ok, k0, I, sq0, sq1, sq2, ss0, ss1, ss2,
-                                                 BLOCK_K, OPERAND)
-            acc = tl.dot(tl.load(a_ptrs, mask=a_mask, other=0.0), tl.trans(w_even), acc, input_precision=PRECISION)
-            acc = tl.dot(tl.load(a_ptrs + 1, mask=a_mask, other=0.0), tl.trans(w_odd), acc, input_precision=PRECISION)
+            kk = k0 + ks
+            a = tl.load(h_ptr + slots[:, None] * I + kk[None, :], mask=live[:, None] & (kk < I)[None, :], other=0.0)
+            w = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols, col_ok, k0, I, sq0, sq1, sq2, ss0, ss1, ss2,
+                                   BLOCK_K, OPERAND)
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
         tl.store(buf_ptr + slots[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
 
 
-# GPU tiles of moe_mxfp4's kernels (bench/explore_moe.py --part mxfp4).
+# GPU tiles of moe_mxfp4's kernels (bench/explore_moe.py --part mxfp4; H200: the even / odd
+# column split of a decoded tile, tried against tl.interleave, ran 1.2-5x slower).
 _MXFP4_TILES = dict(up_n=64, down_n=128, k=128, warps=4, stages=3)
 
 
