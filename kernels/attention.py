@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_tensor, check_validate,
-                             error_word, interpreting, new_out, paged_detail, paged_host_word, paged_problems,
-                             report_errors)
+from kernels._launch import (allocate, bad_pages, check_finite, check_same_device, check_same_dtype, check_tensor,
+                             check_validate, error_word, interpreting, new_out, paged_detail, paged_host_word,
+                             paged_problems, report_errors)
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -156,7 +156,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, e
                    capacity, num_blocks, sq_b, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, st_b, st_p,
                    so_b, so_h, so_s, sl_p, sl_b, sl_h, qk_scale,
                    PAGED: tl.constexpr, FINAL: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_G: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PRECISION: tl.constexpr):
     """One program: batch row b, KV head kvh, and cache positions [split * chunk, (split+1) * chunk).
 
     FINAL: a single split, so write the normalised output straight into `out`. Otherwise write
@@ -164,10 +164,12 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, e
 
     Lengths and page indices are checked here, where they are loaded, and a bad one never
     becomes an address: a length outside [0, capacity] is read as 0 and ORs 1 into the error word
-    err_ptr; a page index outside [0, num_blocks) for a position below the length is replaced by
-    0 with its loads masked, and ORs 2. Either makes the row NaN (out, or the split's partial and
-    its l, which the combine carries to the row); the splits together check every position below
-    the length."""
+    err_ptr; the block indices of the split's positions below the length are checked before any
+    is used (bad_pages), and one outside [0, num_blocks) ORs 2 and leaves the split reading
+    nothing. Either makes the row NaN (out, or the split's partial and its l, which the combine
+    carries to the row); the splits together check every position below the length. The loop
+    clamps each index it loads into range all the same (the table cannot change in between,
+    unless another stream races it)."""
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -178,6 +180,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, e
     seqlen = tl.where(len_ok, seqlen, 0).to(tl.int32)
     lo = split * chunk
     hi = tl.minimum(seqlen, lo + chunk)
+    seq_ok = len_ok
+    if PAGED:
+        bad = bad_pages(table_ptr, b * st_b, st_p, lo, hi, block_size, num_blocks, BLOCK_P)
+        if bad != 0:
+            tl.atomic_or(err_ptr, 2)
+        seq_ok = len_ok & (bad == 0)
+        hi = tl.where(seq_ok, hi, lo)
 
     g = tl.arange(0, BLOCK_G)
     h = kvh * GROUP + g
@@ -190,7 +199,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, e
     m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    bad_page = tl.zeros([BLOCK_N], tl.int32)
     for start in range(lo, hi, BLOCK_N):
         pos = start + offs_n
         pos_ok = pos < hi
@@ -198,28 +206,20 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, e
             # Each position finds its page: a tile may straddle pages of any size.
             page = tl.load(table_ptr + b * st_b + (pos // block_size).to(tl.int64) * st_p, mask=pos_ok,
                            other=0).to(tl.int64)
-            page_ok = (page >= 0) & (page < num_blocks)
-            bad_page = bad_page | (pos_ok & ~page_ok).to(tl.int32)
-            page = tl.where(page_ok, page, 0)
-            pos_ok = pos_ok & page_ok           # no load from a bad page (page 0 may not exist either)
+            page = tl.where((page >= 0) & (page < num_blocks), page, 0)      # checked above; clamped anyway
             slot = (pos % block_size).to(tl.int64)
             k_row = page * sk_b + slot * sk_t
             v_row = page * sv_b + slot * sv_t
         else:
             k_row = b * sk_b + pos.to(tl.int64) * sk_t
             v_row = b * sv_b + pos.to(tl.int64) * sv_t
-        # Slots past seqlen, and behind a bad page index, are never read (the row mask).
+        # Slots past seqlen are never read (the row mask).
         k = _load_tile(k_ptr + k_row[:, None] + kvh * sk_h + offs_d[None, :] * sk_d, pos_ok, d_ok, True, EVEN_D)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         s = tl.where(pos_ok[None, :], s, -float("inf"))
         v = _load_tile(v_ptr + v_row[:, None] + kvh * sv_h + offs_d[None, :] * sv_d, pos_ok, d_ok, True, EVEN_D)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, qk_scale, PRECISION)
 
-    seq_ok = len_ok
-    if PAGED:
-        seq_ok = len_ok & (tl.max(bad_page, axis=0) == 0)
-        if tl.max(bad_page, axis=0) != 0:
-            tl.atomic_or(err_ptr, 2)
     out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
     out = tl.where(seq_ok, out, float("nan"))
     l_i = tl.where(seq_ok, l_i, float("nan"))
@@ -512,7 +512,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     bn, launch["num_stages"] = _fit_shared(block_g, bn, launch["num_stages"], D, q.element_size(),
                                            fixed_bn=block_n is not None)
     common = dict(PAGED=block_table is not None, EVEN_D=D == block_d, BLOCK_G=block_g, BLOCK_N=bn, BLOCK_D=block_d,
-                  PRECISION=_precision(q.dtype), **launch)
+                  BLOCK_P=128, PRECISION=_precision(q.dtype), **launch)
     if splits == 1:
         _decode_kernel[(B, Hkv, 1)](
             q, k_cache, v_cache, seqlens, table, out, out, word, group, D, chunk, block_size, capacity,

@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_tensor, check_validate,
-                             error_word, interpreting, new_out, paged_detail, paged_host_word, paged_problems,
-                             report_errors)
+from kernels._launch import (allocate, bad_pages, check_finite, check_same_device, check_same_dtype, check_tensor,
+                             check_validate, error_word, interpreting, new_out, paged_detail, paged_host_word,
+                             paged_problems, report_errors)
 
 _LOG2E = 1.4426950408889634
 MAX_TQ = 4
@@ -55,7 +55,7 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
                        so_b, so_r, so_s, ss_p, ss_b, ss_r, qk_scale,
                        PAGED: tl.constexpr, FINAL: tl.constexpr, EVEN_L: tl.constexpr, EVEN_R: tl.constexpr,
                        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       BLOCK_P: tl.constexpr, PRECISION: tl.constexpr):
     """Program (row block, split, b): rows [pid0 * BLOCK_H, +BLOCK_H) of sequence b against
     positions [split * chunk, (split + 1) * chunk).
 
@@ -65,11 +65,12 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
 
     Lengths and page indices are checked here, where they are loaded, and a bad one never
     becomes an address: a length outside [0, capacity] is read as 0 and ORs 1 into the error word
-    err_ptr, a page index outside [0, num_pages) for a position below the length is masked (page
-    0, no load) and ORs 2. Either makes the sequence's rows NaN (o, and lse or l): every program
-    of the sequence checks the pages of its split's positions up to the length, also those past
-    what its own rows read, so all of them agree, and the combine carries a split's NaN l to
-    every row."""
+    err_ptr; the page indices of the split's positions below the length are checked before any is
+    used (bad_pages), and one outside [0, num_pages) ORs 2 and leaves the program reading nothing.
+    Either makes the sequence's rows NaN (o, and lse or l): every program of the sequence checks
+    its split's pages up to the length, also those past what its own rows read (later query
+    tokens'), so all of them agree, and the combine carries a split's NaN l to every row. The
+    loop clamps each index it loads into range all the same."""
     b = tl.program_id(2).to(tl.int64)
     split = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -85,6 +86,13 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
     # Row r sees positions < limit[r]; this program reads [lo, hi), hi the largest limit in the split.
     limit = tl.where(row_ok, n - Tq + 1 + tok, 0)
     hi = tl.minimum(tl.max(limit, axis=0), lo + chunk)
+    seq_ok = len_ok
+    if PAGED:
+        bad = bad_pages(table_ptr, b * st_b, st_p, lo, tl.minimum(n, lo + chunk), page_size, num_pages, BLOCK_P)
+        if bad != 0:
+            tl.atomic_or(err_ptr, 2)
+        seq_ok = len_ok & (bad == 0)
+        hi = tl.where(seq_ok, hi, lo)
     limit = tl.minimum(limit, hi)
 
     offs_n = tl.arange(0, BLOCK_N)
@@ -100,7 +108,6 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
     m_i = tl.full([BLOCK_H], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
-    bad_page = tl.zeros([BLOCK_N], tl.int32)
     for start in range(lo, hi, BLOCK_N):
         pos = start + offs_n
         pos_ok = pos < hi
@@ -108,10 +115,7 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
             # Each position finds its page: a tile may straddle pages of any size.
             page = tl.load(table_ptr + b * st_b + (pos // page_size).to(tl.int64) * st_p, mask=pos_ok,
                            other=0).to(tl.int64)
-            page_ok = (page >= 0) & (page < num_pages)
-            bad_page = bad_page | (pos_ok & ~page_ok).to(tl.int32)
-            page = tl.where(page_ok, page, 0)
-            pos_ok = pos_ok & page_ok
+            page = tl.where((page >= 0) & (page < num_pages), page, 0)       # checked above; clamped anyway
             slot = (pos % page_size).to(tl.int64)
             c_row = page * sc_p + slot * sc_s
             k_row = page * sk_p + slot * sk_s
@@ -134,21 +138,6 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
         acc = tl.dot(p.to(ckv.dtype), ckv, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
-    seq_ok = len_ok
-    if PAGED:
-        # The split's positions from hi up to the length, read by other row blocks (later query
-        # tokens) but not by these rows: their pages are checked all the same.
-        end = tl.minimum(n, lo + chunk)
-        for start in range(tl.maximum(hi, lo), end, BLOCK_N):
-            pos = start + offs_n
-            pos_ok = pos < end
-            page = tl.load(table_ptr + b * st_b + (pos // page_size).to(tl.int64) * st_p, mask=pos_ok,
-                           other=0).to(tl.int64)
-            bad_page = bad_page | (pos_ok & ((page < 0) | (page >= num_pages))).to(tl.int32)
-        pages_ok = tl.max(bad_page, axis=0) == 0
-        if tl.max(bad_page, axis=0) != 0:
-            tl.atomic_or(err_ptr, 2)
-        seq_ok = len_ok & pages_ok
     # A row that saw nothing has l == 0: zeros (and lse -inf). l is NaN once a NaN was read.
     out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
     out = tl.where(seq_ok, out, float("nan"))
@@ -378,7 +367,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
              *c_kv.stride(), *k_pe.stride(), st_b, st_p)
     qk_scale = softmax_scale * _LOG2E
     common = dict(PAGED=page_table is not None, EVEN_L=L == bl, EVEN_R=R == br, BLOCK_H=bh, BLOCK_N=bn, BLOCK_L=bl,
-                  BLOCK_R=br, PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", num_warps=warps,
+                  BLOCK_R=br, BLOCK_P=128, PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", num_warps=warps,
                   num_stages=stages)
     grid = (row_blocks, splits, B)
     if splits == 1:

@@ -906,3 +906,26 @@ def test_deferred_words_are_clean_when_their_ring_comes_round(dev):
             torch.cuda.synchronize()        # the copy has landed before the next call looks
     kernels.raise_deferred_errors()
     assert raised == [6, _RING + 2]
+
+
+@pytest.mark.parametrize("op", [pytest.param(o, marks=pytest.mark.op(o)) for o in ("decode_attention", "mla_decode")])
+def test_a_pool_of_no_pages_is_never_read(op, dev):
+    """Pools of no pages: every page index of a position in use is bad, and none may be replaced by
+    page 0 (there is none); a sequence of length 0 reads nothing and is fine (the interpreter's
+    lane guard would catch a read)."""
+    lens = torch.tensor([3, 0], device=dev)
+    table = torch.tensor([[0, 1], [0, 1]], dtype=torch.int32, device=dev)
+    if op == "decode_attention":
+        pool = T(0, 4, 2, 16, device=dev)
+        out = (kernels.decode_attention(T(2, 4, 16, device=dev), pool, pool, lens, block_table=table, validate=False),)
+    else:
+        out = kernels.mla_decode(T(2, 2, 2, 16, device=dev), T(2, 2, 2, 4, device=dev), T(0, 4, 16, device=dev),
+                                 T(0, 4, 4, device=dev), lens, 0.3, table, validate=False)
+    for o in out:
+        assert bool(o[0].isnan().all()) and not o[1].isnan().any()
+    with pytest.raises(ValueError, match=r"^(block_table|page_table): expected (block|page) indices in \[0, 0\)"):
+        if op == "decode_attention":
+            kernels.decode_attention(T(2, 4, 16, device=dev), pool, pool, lens, block_table=table)
+        else:
+            kernels.mla_decode(T(2, 2, 2, 16, device=dev), T(2, 2, 2, 4, device=dev), T(0, 4, 16, device=dev),
+                               T(0, 4, 4, device=dev), lens, 0.3, table)
