@@ -166,6 +166,17 @@ FP16_REGIMES = MOE_REGIMES[:3]
 ROUTINGS = ("random", "hot", "few")
 # Per case at most this many (token, expert) entries: the float64 oracle loops over them.
 MAX_ENTRIES = {"small": 256, "large": 4096}
+# Large cases keep E 2I H (one weight tensor's values) under this: the float64 oracle holds the
+# weights (and moe_mxfp4's their decode) per worker, and 16 workers at E 256, H and I 600-768
+# filled an H200's 140 GB (2026-11-25).
+MAX_WEIGHT_VALUES = 1 << 22
+
+
+def _bounded(draw, lo, hi, per_unit, step=1):
+    """An int in [lo, hi] (a multiple of `step`) with value x per_unit <= MAX_WEIGHT_VALUES where
+    that leaves room, else lo."""
+    top = max(lo, min(hi, MAX_WEIGHT_VALUES // max(1, per_unit) // step * step))
+    return step * draw(st.integers(lo // step, top // step))
 
 
 def _routing(kind, T, E, top_k, gen, hot=0):
@@ -246,8 +257,8 @@ class MoE(Op):
             E = draw(st.one_of(st.sampled_from((1, 8, 64, 128)), st.integers(1, 130 if small else 256)))
             top_k = min(E, draw(st.one_of(st.sampled_from((1, 2, 8, E)), st.integers(1, E))))
             T = draw(st.integers(1, max(1, min(40 if small else 600, MAX_ENTRIES[size] // top_k))))
-            H = draw(st.integers(8, 96) if small else st.integers(8, 600))
-            I = draw(st.integers(8, 80) if small else st.integers(8, 600))
+            H = draw(st.integers(8, 96)) if small else _bounded(draw, 8, 600, 2 * E * 8)
+            I = draw(st.integers(8, 80)) if small else _bounded(draw, 8, 600, 2 * E * H)
             params = {"top_k": top_k, "routing": draw(st.sampled_from(ROUTINGS))}
             if params["routing"] == "hot":
                 params["hot"] = draw(st.integers(0, E - 1))
@@ -452,8 +463,8 @@ class MoEMXFP4(MoE):
             E = draw(st.one_of(st.sampled_from((1, 8, 64)), st.integers(1, 64 if small else 256)))
             top_k = min(E, draw(st.one_of(st.sampled_from((1, 2, 8, E)), st.integers(1, E))))
             T = draw(st.integers(1, max(1, min(40 if small else 600, MAX_ENTRIES[size] // top_k))))
-            H = MX * draw(st.integers(1, 4) if small else st.integers(1, 24))
-            I = MX * draw(st.integers(1, 3) if small else st.integers(1, 24))
+            H = MX * draw(st.integers(1, 4)) if small else _bounded(draw, MX, 24 * MX, 2 * E * MX, MX)
+            I = MX * draw(st.integers(1, 3)) if small else _bounded(draw, MX, 24 * MX, 2 * E * H, MX)
             params = {"top_k": top_k, "routing": draw(st.sampled_from(ROUTINGS))}
             if params["routing"] == "hot":
                 params["hot"] = draw(st.integers(0, E - 1))
