@@ -224,14 +224,13 @@ _GRAPH_WORDS = 1024         # words per device for captured "deferred" calls
 _RING = 256                 # words per (device, stream) for eager "deferred" calls
 
 _words: dict = {}           # (device, stream) -> the cached word of validate=True calls
-_rings: dict = {}           # (device, stream) -> [int32 ring, words handed out, its words, stream] ("deferred")
+_rings: dict = {}           # (device, stream) -> [int32 ring, words handed out] of "deferred" calls
 _sinks: dict = {}           # device -> the word of validate=False calls
 _graph_pools: dict = {}     # device -> [zeroed int32 pool, words handed out]
 _pending: deque = deque()   # _Deferred records of eager deferred calls, oldest first, not read yet
 _graph_words: list = []     # _Deferred records of captured calls (read by raise_deferred_errors)
 _mailboxes: list = []       # (pinned host slot, event) pairs free for reuse
 _lock = threading.Lock()
-_this_call = threading.local()  # .ring: the ring error_word took the word from, for report_errors
 
 
 @dataclass
@@ -258,12 +257,7 @@ def _capturing(device) -> bool:
 
 
 def _stream_key(device):
-    """(device, current stream id): torch.cuda.current_stream() builds a Stream object, 6 us a call
-    on the H200 runners' hosts; its id alone costs a tenth of that."""
-    if device.type != "cuda":
-        return (device, 0)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return (device, torch._C._cuda_getCurrentStream(index)[0])
+    return (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
 
 
 def _zeros(n, device):
@@ -302,15 +296,12 @@ def error_word(device, validate) -> torch.Tensor:
         return word
     ring = _rings.get(key)
     if ring is None:
-        words = _zeros(_RING, device)
-        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        ring = _rings[key] = [words, 0, [words[i:i + 1] for i in range(_RING)], stream]
+        ring = _rings[key] = [_zeros(_RING, device), 0]
     elif ring[1] == _RING:                          # every word used, and copied before this fill
         ring[0].zero_()
         ring[1] = 0
     ring[1] += 1
-    _this_call.ring = ring
-    return ring[2][ring[1] - 1]
+    return ring[0][ring[1] - 1:ring[1]]
 
 
 def report_errors(word: torch.Tensor, validate, launcher: str, problems, detail=None) -> None:
@@ -341,9 +332,7 @@ def report_errors(word: torch.Tensor, validate, launcher: str, problems, detail=
         event = torch.cuda.Event() if cuda else None
     host.copy_(word, non_blocking=True)             # synchronous from a CPU tensor
     if cuda:
-        ring = getattr(_this_call, "ring", None)    # its stream, without building a Stream object
-        mine = ring is not None and word is ring[2][ring[1] - 1]
-        event.record(ring[3] if mine else torch.cuda.current_stream(device))
+        event.record(torch.cuda.current_stream(device))
     with _lock:
         _pending.append(_Deferred(launcher, problems, host, event))
 
