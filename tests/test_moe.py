@@ -29,6 +29,19 @@ def _judge(op, inp, got, budget):
     return compare("y", got, expected[0], budget, None, scale[0])
 
 
+def shift_first_block_expert(monkeypatch):
+    """Make the layers' moe_permute hand back a block -> expert map whose first block names the
+    next expert (the bug both layers' tests plant)."""
+    real = kmoe.moe_permute
+
+    def broken(ids, E, block, **kw):
+        sorted_ids, block_expert, num, inv = real(ids, E, block, **kw)
+        block_expert = block_expert.clone()
+        block_expert[0] = (block_expert[0] + 1) % E
+        return sorted_ids, block_expert, num, inv
+    monkeypatch.setattr(kmoe, "moe_permute", broken)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_kernel_with_block_expert_off_by_one_fails(dtype, backend, budgets, monkeypatch):
     """The real kernels, fed a block -> expert map shifted by one expert in its first block: the
@@ -38,14 +51,7 @@ def test_kernel_with_block_expert_off_by_one_fails(dtype, backend, budgets, monk
     budget = budgets.get("moe", dtype, backend.name)
     good = kernels.moe(*op._args(inp))
     assert _judge(op, inp, good, budget).passed
-    real = kmoe.moe_permute
-
-    def broken(ids, E, block, **kw):
-        sorted_ids, block_expert, num, inv = real(ids, E, block, **kw)
-        block_expert = block_expert.clone()
-        block_expert[0] = (block_expert[0] + 1) % E
-        return sorted_ids, block_expert, num, inv
-    monkeypatch.setattr(kmoe, "moe_permute", broken)
+    shift_first_block_expert(monkeypatch)
     bad = kernels.moe(*op._args(inp))
     assert not _judge(op, inp, bad, budget).passed
 

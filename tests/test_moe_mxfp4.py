@@ -14,7 +14,6 @@
 Tests that run no kernel take `x_dtype`, not `dtype`: a `dtype` of bfloat16 would be marked with
 the interpreter's bf16 tl.dot gap, and a test that cannot fail by it would then XPASS.
 """
-import importlib
 import math
 
 import pytest
@@ -27,10 +26,9 @@ from harness.cases import Case
 from harness.compare import Magnitudes, compare, sqnr_db
 from harness.ops.moe import EDGES, _routing
 from oracles.moe import _expert, mxfp4_weights
+from tests.test_moe import shift_first_block_expert
 from tests.test_mutants import SPECIFIC
 from tests.test_mxfp4 import _model_roundtrip
-
-kmoe = importlib.import_module("kernels.moe")     # the module (kernels.moe is the launcher)
 
 pytestmark = pytest.mark.op("moe_mxfp4")
 
@@ -124,14 +122,7 @@ def test_kernel_with_block_expert_off_by_one_fails(dtype, backend, budgets, monk
     budget = budgets.get("moe_mxfp4", dtype, backend.name)
     expected = op.oracle(inp)
     assert _judge(op, inp, kernels.moe_mxfp4(*op._args(inp)), budget, expected).passed
-    real = kmoe.moe_permute
-
-    def broken(ids, E, block, **kw):
-        sorted_ids, block_expert, num, inv = real(ids, E, block, **kw)
-        block_expert = block_expert.clone()
-        block_expert[0] = (block_expert[0] + 1) % E
-        return sorted_ids, block_expert, num, inv
-    monkeypatch.setattr(kmoe, "moe_permute", broken)
+    shift_first_block_expert(monkeypatch)
     assert not _judge(op, inp, kernels.moe_mxfp4(*op._args(inp)), budget, expected).passed
 
 
