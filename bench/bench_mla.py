@@ -47,11 +47,13 @@ def inputs(H, B, T, Tq, g):
     return q_nope, q_pe, c_kv, k_pe, lens
 
 
-def paged(c_kv, k_pe, g):
-    """The same cache as a pool of PAGE-position pages in a random order, and its table."""
+def paged(c_kv, k_pe, g, shuffle=True):
+    """The same cache as a pool of PAGE-position pages in a random order (in order without
+    shuffle), and its table."""
     B, T = c_kv.shape[:2]
     per_row = T // PAGE
-    order = torch.randperm(B * per_row, device="cuda", generator=g)
+    order = torch.randperm(B * per_row, device="cuda", generator=g) if shuffle else torch.arange(B * per_row,
+                                                                                                 device="cuda")
     table = order.view(B, per_row).to(torch.int32)
     c_pool = torch.empty(B * per_row, PAGE, L, device="cuda", dtype=DT)
     k_pool = torch.empty(B * per_row, PAGE, R, device="cuda", dtype=DT)
