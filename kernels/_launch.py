@@ -437,3 +437,27 @@ def bad_pages(table_ptr, row_offset, st_p, lo, hi, page_size, num_pages, BLOCK_P
         page = tl.load(table_ptr + row_offset + idx.to(tl.int64) * st_p, mask=in_use, other=0)
         bad = bad | (in_use & ((page < 0) | (page >= num_pages))).to(tl.int32)
     return tl.max(bad, axis=0)
+
+
+@triton.jit
+def merge_splits(part_ptr, m_ptr, l_ptr, num_splits, sp_s, width, qk_scale, BLOCK_S: tl.constexpr,
+                 BLOCK_W: tl.constexpr):
+    """The exact merge of one row's split softmaxes (decode_attention's and mla_decode's combine
+    kernels): splits s = 0 .. num_splits - 1 left a normalised fp32 partial at part_ptr + s sp_s
+    (width values), their raw max score m_s at m_ptr + s and sum l_s at l_ptr + s. Returns (out,
+    total, ref): out = sum_s w_s o_s / total with w_s = l_s 2^((m_s - ref) qk_scale), total =
+    sum_s w_s, ref = max m (0 if every split saw nothing, then w_s = 0 and out = 0)."""
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < num_splits
+    offs = tl.arange(0, BLOCK_W)
+    m_s = tl.load(m_ptr + s, mask=s_ok, other=-float("inf"))
+    l_s = tl.load(l_ptr + s, mask=s_ok, other=0.0)
+    m = tl.max(m_s, axis=0)
+    ref = tl.where(m == -float("inf"), 0.0, m)
+    w = l_s * tl.exp2((m_s - ref) * qk_scale)
+    parts = tl.load(part_ptr + s[:, None] * sp_s + offs[None, :], mask=s_ok[:, None] & (offs < width)[None, :],
+                    other=0.0)
+    total = tl.sum(w, axis=0)
+    out = tl.sum(w[:, None] * parts, axis=0)
+    out = tl.where(total == 0.0, 0.0, out / total)
+    return out, total, ref

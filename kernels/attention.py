@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from kernels._launch import (allocate, bad_pages, check_finite, check_same_device, check_same_dtype, check_tensor,
-                             check_validate, error_word, interpreting, new_out, paged_detail, paged_host_word,
-                             paged_problems, report_errors)
+                             check_validate, error_word, interpreting, merge_splits, new_out, paged_detail,
+                             paged_host_word, paged_problems, report_errors)
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -241,20 +241,11 @@ def _decode_combine_kernel(part_o_ptr, part_ml_ptr, o_ptr, Hq, D, num_splits,
     merge of the splits' softmaxes. Splits that saw nothing have m -inf, l 0 and weight 0."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    s_ok = s < num_splits
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    m_s = tl.load(part_ml_ptr + b * sl_b + h * sl_h + s, mask=s_ok, other=-float("inf"))
-    l_s = tl.load(part_ml_ptr + sl_p + b * sl_b + h * sl_h + s, mask=s_ok, other=0.0)
-    m = tl.max(m_s, axis=0)
-    ref = tl.where(m == -float("inf"), 0.0, m)
-    w = l_s * tl.exp2((m_s - ref) * qk_scale)
-    parts = tl.load(part_o_ptr + b * sp_b + h * sp_h + s[:, None] * sp_s + offs_d[None, :],
-                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    total = tl.sum(w, axis=0)
-    out = tl.sum(w[:, None] * parts, axis=0)
-    out = tl.where(total == 0.0, 0.0, out / total)
+    stats = part_ml_ptr + b * sl_b + h * sl_h
+    out, _, _ = merge_splits(part_o_ptr + b * sp_b + h * sp_h, stats, stats + sl_p, num_splits, sp_s, D, qk_scale,
+                             BLOCK_S, BLOCK_D)
     tl.store(o_ptr + b * so_b + h * so_h + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 

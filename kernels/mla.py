@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from kernels._launch import (allocate, bad_pages, check_finite, check_same_device, check_same_dtype, check_tensor,
-                             check_validate, error_word, interpreting, new_out, paged_detail, paged_host_word,
-                             paged_problems, report_errors)
+                             check_validate, error_word, interpreting, merge_splits, new_out, paged_detail,
+                             paged_host_word, paged_problems, report_errors)
 
 _LOG2E = 1.4426950408889634
 MAX_TQ = 4
@@ -172,20 +172,11 @@ def _mla_combine_kernel(part_ptr, stat_ptr, o_ptr, lse_ptr, L, num_splits, sp_b,
     saw nothing have m -inf, l 0 and weight 0; a row no split saw gets zeros and lse -inf."""
     r = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
-    s = tl.arange(0, BLOCK_S)
-    s_ok = s < num_splits
     offs_l = tl.arange(0, BLOCK_L)
     l_ok = offs_l < L
-    m_s = tl.load(stat_ptr + b * ss_b + r * ss_r + s, mask=s_ok, other=-float("inf"))
-    l_s = tl.load(stat_ptr + ss_p + b * ss_b + r * ss_r + s, mask=s_ok, other=0.0)
-    m = tl.max(m_s, axis=0)
-    ref = tl.where(m == -float("inf"), 0.0, m)
-    w = l_s * tl.exp2((m_s - ref) * qk_scale)
-    parts = tl.load(part_ptr + b * sp_b + r * sp_r + s[:, None] * sp_s + offs_l[None, :],
-                    mask=s_ok[:, None] & l_ok[None, :], other=0.0)
-    total = tl.sum(w, axis=0)
-    out = tl.sum(w[:, None] * parts, axis=0)
-    out = tl.where(total == 0.0, 0.0, out / total)
+    stats = stat_ptr + b * ss_b + r * ss_r
+    out, total, ref = merge_splits(part_ptr + b * sp_b + r * sp_r, stats, stats + ss_p, num_splits, sp_s, L, qk_scale,
+                                   BLOCK_S, BLOCK_L)
     tl.store(o_ptr + b * so_b + r * so_r + offs_l, out.to(o_ptr.dtype.element_ty), mask=l_ok)
     lse = tl.where(total == 0.0, -float("inf"), (ref * qk_scale + tl.log2(total)) * 0.6931471805599453)
     tl.store(lse_ptr + b * sl_b + r, lse)
