@@ -1,4 +1,5 @@
-"""Row normalisations: RMSNorm, LayerNorm, and residual add fused with RMSNorm.
+"""Row normalisations: RMSNorm, LayerNorm, and residual add fused with RMSNorm; their backward
+passes (below the forward kernels) and autograd Functions.
 
 One program normalises BLOCK_M rows. A row of up to MAX_FUSED_BLOCK features is loaded once
 and kept in registers; longer rows are walked in chunks of BLOCK_D (read twice for RMSNorm,
@@ -582,7 +583,9 @@ def rmsnorm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: fl
                      block_cols: int | None = None, block_rows: int | None = None,
                      num_programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of y = rmsnorm(x, w, eps) for the upstream gradient dy: (dx, dw). The statistics
-    are recomputed from x; dw is reduced over every row in a fixed order (bit-reproducible)."""
+    are recomputed from x; dw is reduced over every row in a fixed order (bit-reproducible).
+    block_cols (chunk width), block_rows (rows a tile) and num_programs (at most this many) override
+    the plan the shape picks; tests use them to run every path on small shapes."""
     eps = _check_rows(x, w, eps)
     _check_grad("dy", dy, x)
     check_same_device(x=x, w=w, dy=dy, out_dx=out_dx, out_dw=out_dw)
