@@ -200,6 +200,8 @@ class RowBackward(RowOp):
         out += [case(s, seed=5, config="split", layout=lay) for s, lay in (
             ((7, 65), "contiguous"), ((1, 65), "contiguous"), ((9, 17), "transposed"), ((5, 3, 17), "permuted"),
             ((6, 40), "sliced"), ((4, 3, 20), "broadcast"), ((9, 33), "offset"))]
+        # The default plan's switch from whole rows to chunks of 4096 (kernels.norms.GRAD_MAX_FUSED).
+        out += [case((2, 8192), seed=6), case((2, 8193), seed=6)]
         # x = 0: rstd = eps^-1/2 at its largest, dx = rstd g, dw = 0.
         out += [case((4, 129), seed=7, values="zero"), case((4, 129), seed=7, values="zero", config="chunked")]
         return out
