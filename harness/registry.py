@@ -14,6 +14,9 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rmsnorm": ("harness.ops.norms", FLOATS),
     "layernorm": ("harness.ops.norms", FLOATS),
     "add_rmsnorm": ("harness.ops.norms", FLOATS),
+    "rmsnorm_backward": ("harness.ops.norms", FLOATS),     # (dx, dw) of rmsnorm for an upstream dy
+    "layernorm_backward": ("harness.ops.norms", FLOATS),   # (dx[, dw][, db]) of layernorm
+    "add_rmsnorm_backward": ("harness.ops.norms", FLOATS),  # (dx, dresidual, dw) of add_rmsnorm for dy and du
     "rope": ("harness.ops.rope", FLOATS),
     "rmsnorm_rope": ("harness.ops.rope", FLOATS),
     "softmax": ("harness.ops.softmax", FLOATS),

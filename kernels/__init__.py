@@ -14,8 +14,9 @@ from kernels.gemm import matmul, swiglu
 from kernels.mla import mla_decode
 from kernels.moe import moe, moe_mxfp4, moe_permute, moe_route
 from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from kernels.norms import add_rmsnorm, layernorm, rmsnorm
+from kernels.norms import (AddRMSNormFunction, LayerNormFunction, RMSNormFunction, add_rmsnorm, add_rmsnorm_backward,
+                           layernorm, layernorm_backward, rmsnorm, rmsnorm_backward)
 from kernels.rope import rmsnorm_rope, rope
 from kernels.softmax import softmax
 
-__all__ = ["AdamW", "adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "dequantize_mxfp4", "embedding", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
+__all__ = ["AdamW", "AddRMSNormFunction", "LayerNormFunction", "RMSNormFunction", "adamw", "add_rmsnorm", "add_rmsnorm_backward", "bias_gelu", "decode_attention", "dequantize_mxfp4", "embedding", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "layernorm_backward", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_backward", "rmsnorm_rope", "rope", "softmax", "swiglu"]

@@ -15,8 +15,9 @@ from oracles.gemm import matmul, swiglu
 from oracles.mla import mla_decode
 from oracles.moe import moe, moe_magnitudes, moe_mxfp4, moe_mxfp4_magnitudes, moe_permute, moe_route
 from oracles.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from oracles.norms import add_rmsnorm, layernorm, rmsnorm
+from oracles.norms import (add_rmsnorm, add_rmsnorm_backward, layernorm, layernorm_backward, rmsnorm,
+                           rmsnorm_backward)
 from oracles.rope import rmsnorm_rope, rope
 from oracles.softmax import softmax
 
-__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "decode_out_score_magnitude", "decode_tie_allowance", "dequantize_mxfp4", "embedding", "flash_attention", "flash_attention_magnitudes", "flash_attention_tie_allowance", "fp8_matmul", "gated_delta_rule", "layernorm", "matmul", "mla_decode", "moe", "moe_magnitudes", "moe_mxfp4", "moe_mxfp4_magnitudes", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
+__all__ = ["adamw", "add_rmsnorm", "add_rmsnorm_backward", "bias_gelu", "decode_attention", "decode_out_score_magnitude", "decode_tie_allowance", "dequantize_mxfp4", "embedding", "flash_attention", "flash_attention_magnitudes", "flash_attention_tie_allowance", "fp8_matmul", "gated_delta_rule", "layernorm", "layernorm_backward", "matmul", "mla_decode", "moe", "moe_magnitudes", "moe_mxfp4", "moe_mxfp4_magnitudes", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_backward", "rmsnorm_rope", "rope", "softmax", "swiglu"]

@@ -13,8 +13,9 @@ from references.gemm import matmul, swiglu
 from references.mla import mla_decode
 from references.moe import moe, moe_mxfp4, moe_permute, moe_route
 from references.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from references.norms import add_rmsnorm, layernorm, rmsnorm
+from references.norms import (add_rmsnorm, add_rmsnorm_backward, layernorm, layernorm_backward, rmsnorm,
+                              rmsnorm_backward)
 from references.rope import rmsnorm_rope, rope
 from references.softmax import softmax
 
-__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "dequantize_mxfp4", "embedding", "flash_attention", "fp8_matmul", "gated_delta_rule", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
+__all__ = ["adamw", "add_rmsnorm", "add_rmsnorm_backward", "bias_gelu", "decode_attention", "dequantize_mxfp4", "embedding", "flash_attention", "fp8_matmul", "gated_delta_rule", "layernorm", "layernorm_backward", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_backward", "rmsnorm_rope", "rope", "softmax", "swiglu"]

@@ -130,6 +130,35 @@ BAD = [
     ("add_rmsnorm", "residual shape", lambda d: kernels.add_rmsnorm(T(2, 4, device=d), T(3, 4, device=d), T(4, device=d)), ValueError, "residual"),
     ("add_rmsnorm", "residual dtype", lambda d: kernels.add_rmsnorm(T(2, 4, device=d), T(2, 4, dtype=torch.float16, device=d), T(4, device=d)), TypeError, "residual"),
     ("add_rmsnorm", "out_residual shape", lambda d: kernels.add_rmsnorm(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_residual=T(8, device=d)), ValueError, "out_residual"),
+    # the norms' backward passes: (dy, x, w) and add_rmsnorm's (dy, du, x, residual, w)
+    ("rmsnorm_backward", "dy shape", lambda d: kernels.rmsnorm_backward(T(3, 4, device=d), T(2, 4, device=d), T(4, device=d)), ValueError, "dy"),
+    ("rmsnorm_backward", "dy dtype", lambda d: kernels.rmsnorm_backward(T(2, 4, dtype=torch.float16, device=d), T(2, 4, device=d), T(4, device=d)), TypeError, "dy"),
+    ("rmsnorm_backward", "dy not a tensor", lambda d: kernels.rmsnorm_backward(1.0, T(2, 4, device=d), T(4, device=d)), TypeError, "dy"),
+    ("rmsnorm_backward", "dy device", lambda d: kernels.rmsnorm_backward(torch.empty(2, 4, device="meta"), T(2, 4, device=d), T(4, device=d)), ValueError, "dy"),
+    ("rmsnorm_backward", "int x", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), torch.ones(2, 4, dtype=torch.int32, device=d), T(4, device=d)), TypeError, "x"),
+    ("rmsnorm_backward", "weight length", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(5, device=d)), ValueError, "w"),
+    ("rmsnorm_backward", "eps negative", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), -1.0), ValueError, "eps"),
+    ("rmsnorm_backward", "out_dx shape", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dx=T(2, 5, device=d)), ValueError, "out_dx"),
+    ("rmsnorm_backward", "out_dx strided", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dx=T(4, 2, device=d).t()), ValueError, "out_dx"),
+    ("rmsnorm_backward", "out_dw shape", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dw=T(1, 4, device=d)), ValueError, "out_dw"),
+    ("rmsnorm_backward", "out_dw dtype", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dw=T(4, dtype=torch.bfloat16, device=d)), TypeError, "out_dw"),
+    ("rmsnorm_backward", "block_rows not a power of two", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), block_rows=3), ValueError, "block_rows"),
+    ("rmsnorm_backward", "block_cols not a power of two", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), block_cols=6), ValueError, "block_cols"),
+    ("rmsnorm_backward", "num_programs 0", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), num_programs=0), ValueError, "num_programs"),
+    ("rmsnorm_backward", "num_programs a float", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), num_programs=2.0), TypeError, "num_programs"),
+    ("rmsnorm_backward", "num_programs on empty rows", lambda d: kernels.rmsnorm_backward(T(0, 4, device=d), T(0, 4, device=d), T(4, device=d), num_programs=-1), ValueError, "num_programs"),
+    ("layernorm_backward", "dy shape", lambda d: kernels.layernorm_backward(T(2, 5, device=d), T(2, 4, device=d)), ValueError, "dy"),
+    ("layernorm_backward", "bias length", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), T(3, device=d)), ValueError, "b"),
+    ("layernorm_backward", "bias dtype", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), None, T(4, dtype=torch.float16, device=d)), TypeError, "b"),
+    ("layernorm_backward", "out_dw without w", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), out_dw=T(4, device=d)), ValueError, "out_dw"),
+    ("layernorm_backward", "out_db without b", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_db=T(4, device=d)), ValueError, "out_db"),
+    ("layernorm_backward", "out_db shape", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), T(4, device=d), out_db=T(5, device=d)), ValueError, "out_db"),
+    ("layernorm_backward", "block_rows 0", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), block_rows=0), ValueError, "block_rows"),
+    ("add_rmsnorm_backward", "du shape", lambda d: kernels.add_rmsnorm_backward(T(2, 4, device=d), T(2, 3, device=d), T(2, 4, device=d), T(2, 4, device=d), T(4, device=d)), ValueError, "du"),
+    ("add_rmsnorm_backward", "du dtype", lambda d: kernels.add_rmsnorm_backward(T(2, 4, device=d), T(2, 4, dtype=torch.bfloat16, device=d), T(2, 4, device=d), T(2, 4, device=d), T(4, device=d)), TypeError, "du"),
+    ("add_rmsnorm_backward", "residual shape", lambda d: kernels.add_rmsnorm_backward(T(2, 4, device=d), None, T(2, 4, device=d), T(1, 4, device=d), T(4, device=d)), ValueError, "residual"),
+    ("add_rmsnorm_backward", "dy dtype", lambda d: kernels.add_rmsnorm_backward(T(2, 4, dtype=torch.float16, device=d), None, T(2, 4, device=d), T(2, 4, device=d), T(4, device=d)), TypeError, "dy"),
+    ("add_rmsnorm_backward", "out_dresidual shape", lambda d: kernels.add_rmsnorm_backward(T(2, 4, device=d), None, T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dresidual=T(8, device=d)), ValueError, "out_dresidual"),
     # rope / rmsnorm_rope
     ("rope", "3-d input", lambda d: kernels.rope(T(2, 3, 4, device=d), P(2, 3, d)), ValueError, "x"),
     ("rope", "float positions", lambda d: kernels.rope(T(2, 3, 1, 4, device=d), torch.zeros(2, 3, device=d)), TypeError, "positions"),
@@ -568,6 +597,9 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("rmsnorm", lambda d: kernels.rmsnorm(T(0, 8, device=d), T(8, device=d))),
     ("layernorm", lambda d: kernels.layernorm(T(3, 0, device=d))),
     ("add_rmsnorm", lambda d: kernels.add_rmsnorm(T(0, 8, device=d), T(0, 8, device=d), T(8, device=d))[0]),
+    ("rmsnorm_backward", lambda d: kernels.rmsnorm_backward(T(0, 8, device=d), T(0, 8, device=d), T(8, device=d))[0]),
+    ("layernorm_backward", lambda d: kernels.layernorm_backward(T(3, 0, device=d), T(3, 0, device=d), T(0, device=d), T(0, device=d))[1]),
+    ("add_rmsnorm_backward", lambda d: kernels.add_rmsnorm_backward(T(0, 8, device=d), T(0, 8, device=d), T(0, 8, device=d), T(0, 8, device=d), T(8, device=d))[1]),
     ("rope", lambda d: kernels.rope(T(0, 3, 2, 8, device=d), P(0, 3, d))),
     ("rmsnorm_rope", lambda d: kernels.rmsnorm_rope(T(2, 0, 2, 8, device=d), T(8, device=d), P(2, 0, d))),
     ("softmax", lambda d: kernels.softmax(T(0, 5, device=d), 1.0, True)),
@@ -600,6 +632,20 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
 def test_empty_input_gives_empty_output(op, call, dev):
     y = call(dev)
     assert y.numel() == 0
+
+
+@pytest.mark.parametrize("op", ["rmsnorm_backward", "layernorm_backward", "add_rmsnorm_backward"])
+def test_norm_backward_of_no_rows_gives_zero_weight_gradients(op, dev):
+    """dw (and db) sum over the rows: with none they are zeros, written without a launch."""
+    x = T(0, 8, device=dev)
+    nan = lambda: torch.full((8,), math.nan, device=dev)      # noqa: E731
+    if op == "rmsnorm_backward":
+        outs = kernels.rmsnorm_backward(x, x, T(8, device=dev), out_dw=nan())[1:]
+    elif op == "layernorm_backward":
+        outs = kernels.layernorm_backward(x, x, T(8, device=dev), T(8, device=dev), out_dw=nan(), out_db=nan())[1:]
+    else:
+        outs = kernels.add_rmsnorm_backward(x, x, x, x, T(8, device=dev), out_dw=nan())[2:]
+    assert all(torch.equal(t, torch.zeros(8, device=dev)) for t in outs)
 
 
 @pytest.mark.op("embedding")

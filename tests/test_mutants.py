@@ -227,6 +227,69 @@ SPECIFIC = {
     },
 }
 
+def _norm_grads(i, kind, *, rows=None, projection=True, mean_g=True, weight=True, dw_shift=0, dw_scale=1.0,
+                du=True, normalise_x=False, dresidual_is_du=False, dw_db_swapped=False):
+    """The gradients of rmsnorm ("rms"), layernorm ("layer") and add_rmsnorm ("add") in float64 NumPy,
+    with pluggable bugs: dw (and db) summed over the first `rows` rows only (the first row block's
+    partial, never added to the others), dx without the projection term xhat mean(g xhat) or without
+    mean(g), g = dy without the weight, dw rolled by dw_shift columns or scaled, add_rmsnorm's du not
+    added, x normalised instead of u = x + residual, dresidual = du (the norm's share dropped), dw and
+    db swapped."""
+    x, dy = _x(i), f64(i["dy"])
+    D = x.shape[-1]
+    if kind == "add" and not normalise_x:
+        x = _rounded(i["x"].dtype)(x + f64(i["residual"]))
+    w = np.ones(D) if i["w"] is None or not weight else f64(i["w"])
+    xc = x - x.mean(-1, keepdims=True) if kind == "layer" else x
+    rstd = 1 / np.sqrt((xc * xc).mean(-1, keepdims=True) + i["eps"])
+    xhat = xc * rstd
+    g = dy * w
+    dx = g - g.mean(-1, keepdims=True) if kind == "layer" and mean_g else g
+    if projection:
+        dx = dx - xhat * (g * xhat).mean(-1, keepdims=True)
+    dx = rstd * dx
+    keep = slice(0, rows)
+    dw = dw_scale * np.roll((dy * xhat).reshape(-1, D)[keep].sum(0), dw_shift)
+    if kind == "add":
+        du_ = f64(i["du"])
+        return tensor(dx + du_ if du else dx), tensor(du_ if dresidual_is_du else dx + du_), tensor(dw)
+    out = [dx]
+    if kind == "rms" or i["w"] is not None:
+        out.append(dw)
+    if kind == "layer" and i["b"] is not None:
+        out.append(dy.reshape(-1, D)[keep].sum(0))
+    if dw_db_swapped:
+        out[1], out[2] = out[2], out[1]
+    return tuple(tensor(o) for o in out)
+
+
+# (16, 64): four row blocks of 4 rows; only the first one's dw partial reaches the result.
+_FIRST_BLOCK = (dict(shape=(16, 64)), 4)
+SPECIFIC["rmsnorm_backward"] = {
+    "dw_first_row_block_only": (_FIRST_BLOCK[0], lambda i, e: _norm_grads(i, "rms", rows=_FIRST_BLOCK[1])),
+    "dw_times_two": ({}, lambda i, e: _norm_grads(i, "rms", dw_scale=2.0)),
+    "dw_shifted_one_column": ({}, lambda i, e: _norm_grads(i, "rms", dw_shift=1)),
+    "dx_without_projection": ({}, lambda i, e: _norm_grads(i, "rms", projection=False)),
+    "dx_weight_missing": ({}, lambda i, e: _norm_grads(i, "rms", weight=False)),
+}
+SPECIFIC["layernorm_backward"] = {
+    "dw_first_row_block_only": (_FIRST_BLOCK[0], lambda i, e: _norm_grads(i, "layer", rows=_FIRST_BLOCK[1])),
+    "dw_times_two": ({}, lambda i, e: _norm_grads(i, "layer", dw_scale=2.0)),
+    "dw_shifted_one_column": ({}, lambda i, e: _norm_grads(i, "layer", dw_shift=1)),
+    "dw_db_swapped": ({}, lambda i, e: _norm_grads(i, "layer", dw_db_swapped=True)),
+    "dx_without_projection": ({}, lambda i, e: _norm_grads(i, "layer", projection=False)),
+    "dx_without_mean_gradient": ({}, lambda i, e: _norm_grads(i, "layer", mean_g=False)),
+    "dx_weight_missing": ({}, lambda i, e: _norm_grads(i, "layer", weight=False)),
+}
+SPECIFIC["add_rmsnorm_backward"] = {
+    "dw_first_row_block_only": (_FIRST_BLOCK[0], lambda i, e: _norm_grads(i, "add", rows=_FIRST_BLOCK[1])),
+    "dw_shifted_one_column": ({}, lambda i, e: _norm_grads(i, "add", dw_shift=1)),
+    "dx_without_projection": ({}, lambda i, e: _norm_grads(i, "add", projection=False)),
+    "du_not_added": ({}, lambda i, e: _norm_grads(i, "add", du=False)),
+    "x_normalised_not_u": ({}, lambda i, e: _norm_grads(i, "add", normalise_x=True)),
+    "dresidual_is_du": ({}, lambda i, e: _norm_grads(i, "add", dresidual_is_du=True)),
+}
+
 SPECIFIC["flash_attention"] = {
     "causal_diagonal_plus_one": (dict(causal=True), lambda i, e: _attn(i["q"], i["k"], i["v"], i["scale"],
                                                                       _bottom_right(+1))),
@@ -777,7 +840,8 @@ SPECIFIC["moe_mxfp4"] = {
 }
 
 # Default case shape per op family: big enough for every mutant to show.
-BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
+BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rmsnorm_backward": (5, 64),
+        "layernorm_backward": (5, 64), "add_rmsnorm_backward": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
         "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "mla_decode": (3, 24, 2, 4, 16, 4),
         "adamw": (4, 64),
