@@ -196,3 +196,32 @@ def make_param(shape, dtype: str, gen: torch.Generator, device, *, mean=0.0, std
     storage[0::2] = v.reshape(-1)
     return storage.to(device)[0::2].view(shape)
 
+
+
+# The upstream gradient dy of a backward op (its regime is the case param "grad"; the case's value
+# regime stays the forward input's):
+GRAD_REGIMES = (
+    "normal",      # N(0, 1)
+    "zero_rows",   # N(0, 1) with about half the rows (along the last dim), the first always, all zero
+    "large",       # N(0, 1) * LARGE[dtype]
+    "nonfinite",   # N(0, 1) with a few NaN, +inf, -inf
+)
+
+
+def make_grad(shape, dtype: str, gen: torch.Generator, device, *, regime="normal",
+              layout="contiguous") -> torch.Tensor:
+    """An upstream gradient of `shape` in `dtype`, drawn in a GRAD_REGIMES regime, stored in a layout."""
+    if regime not in GRAD_REGIMES:
+        raise ValueError(f"grad: expected one of {GRAD_REGIMES}, got {regime!r}")
+    if regime != "zero_rows":
+        return make_input(shape, dtype, gen, device, values=regime, layout=layout)
+    gen_shape = list(shape)
+    if layout == "broadcast" and len(shape) >= 2:
+        gen_shape[0] = 1
+    v = sample(gen_shape, "normal", dtype, gen)
+    if v.numel():
+        rows = v.view(-1, gen_shape[-1])
+        zero = torch.rand(rows.shape[0], generator=gen) < 0.5
+        zero[0] = True
+        rows[zero] = 0.0
+    return lay_out(v.to(TORCH_DTYPES[dtype]), shape, layout, device)

@@ -17,6 +17,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rope": ("harness.ops.rope", FLOATS),
     "rmsnorm_rope": ("harness.ops.rope", FLOATS),
     "softmax": ("harness.ops.softmax", FLOATS),
+    "softmax_backward": ("harness.ops.softmax", FLOATS),
     "flash_attention": ("harness.ops.attention", FLOATS),
     "decode_attention": ("harness.ops.attention", FLOATS),
     "mla_decode": ("harness.ops.mla", FLOATS),

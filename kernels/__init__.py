@@ -16,6 +16,6 @@ from kernels.moe import moe, moe_mxfp4, moe_permute, moe_route
 from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from kernels.norms import add_rmsnorm, layernorm, rmsnorm
 from kernels.rope import rmsnorm_rope, rope
-from kernels.softmax import softmax
+from kernels.softmax import SoftmaxFunction, softmax, softmax_backward
 
-__all__ = ["AdamW", "adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "dequantize_mxfp4", "embedding", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
+__all__ = ["AdamW", "adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "dequantize_mxfp4", "embedding", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "softmax_backward", "swiglu", "SoftmaxFunction"]

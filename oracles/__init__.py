@@ -17,6 +17,6 @@ from oracles.moe import moe, moe_magnitudes, moe_mxfp4, moe_mxfp4_magnitudes, mo
 from oracles.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from oracles.norms import add_rmsnorm, layernorm, rmsnorm
 from oracles.rope import rmsnorm_rope, rope
-from oracles.softmax import softmax
+from oracles.softmax import softmax, softmax_backward
 
-__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "decode_out_score_magnitude", "decode_tie_allowance", "dequantize_mxfp4", "embedding", "flash_attention", "flash_attention_magnitudes", "flash_attention_tie_allowance", "fp8_matmul", "gated_delta_rule", "layernorm", "matmul", "mla_decode", "moe", "moe_magnitudes", "moe_mxfp4", "moe_mxfp4_magnitudes", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
+__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "decode_out_score_magnitude", "decode_tie_allowance", "dequantize_mxfp4", "embedding", "flash_attention", "flash_attention_magnitudes", "flash_attention_tie_allowance", "fp8_matmul", "gated_delta_rule", "layernorm", "matmul", "mla_decode", "moe", "moe_magnitudes", "moe_mxfp4", "moe_mxfp4_magnitudes", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "softmax_backward", "swiglu"]

@@ -546,6 +546,28 @@ BAD = [
     ("moe_route", "permute out_num shape", lambda d: PERM(d, out_num=torch.zeros((), dtype=torch.int32, device=d)), ValueError, "out_num"),
 ]
 
+# Backward passes (issue 20): softmax_backward, ...
+BAD += [
+    ("softmax_backward", "int dy", lambda d: kernels.softmax_backward(torch.ones(2, 4, dtype=torch.int64, device=d), T(2, 4, device=d)), TypeError, "dy"),
+    ("softmax_backward", "float64 y", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, dtype=torch.float64, device=d)), TypeError, "y"),
+    ("softmax_backward", "y not a tensor", lambda d: kernels.softmax_backward(T(2, 4, device=d), None), TypeError, "y"),
+    ("softmax_backward", "y shape", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 5, device=d)), ValueError, "y"),
+    ("softmax_backward", "y dtype", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, dtype=torch.float16, device=d)), TypeError, "y"),
+    ("softmax_backward", "y device", lambda d: kernels.softmax_backward(T(2, 4, device=d), torch.empty(2, 4, device="meta")), ValueError, "y"),
+    ("softmax_backward", "scale NaN", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), math.nan), ValueError, "scale"),
+    ("softmax_backward", "scale zero", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), 0.0), ValueError, "scale"),
+    ("softmax_backward", "scale past fp32", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), 1e39), ValueError, "scale"),
+    ("softmax_backward", "causal not a bool", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), 1.0, 1), TypeError, "causal"),
+    ("softmax_backward", "causal on 1-d", lambda d: kernels.softmax_backward(T(4, device=d), T(4, device=d), 1.0, True), ValueError, "dy"),
+    ("softmax_backward", "out shape", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), out=T(4, 2, device=d)), ValueError, "out"),
+    ("softmax_backward", "out dtype", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), out=T(2, 4, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("softmax_backward", "block_cols not a power of two", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), block_cols=3), ValueError, "block_cols"),
+]
+EMPTY_BACKWARD = [
+    ("softmax_backward", lambda d: kernels.softmax_backward(T(0, 5, device=d), T(0, 5, device=d), 1.0, True)),
+    ("softmax_backward", lambda d: kernels.softmax_backward(T(3, 0, device=d), T(3, 0, device=d))),
+]
+
 
 @pytest.mark.parametrize("op,what,call,exc,arg", [pytest.param(*b, id=f"{b[0]}-{b[1].replace(' ', '_')}",
                                                                marks=pytest.mark.op(b[0])) for b in BAD])
@@ -600,6 +622,13 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
 def test_empty_input_gives_empty_output(op, call, dev):
     y = call(dev)
     assert y.numel() == 0
+
+
+@pytest.mark.parametrize("op,call", [pytest.param(*e, marks=pytest.mark.op(e[0])) for e in EMPTY_BACKWARD])
+def test_backward_of_empty_input_gives_empty_gradients(op, call, dev):
+    grads = call(dev)
+    for g in grads if isinstance(grads, tuple) else (grads,):
+        assert g is None or g.numel() == 0
 
 
 @pytest.mark.op("embedding")

@@ -253,6 +253,28 @@ SPECIFIC["embedding"] = {
     "neighbouring_token_row": ({}, lambda i, e: (_embed(i["ids"].reshape(-1).roll(1).reshape(i["ids"].shape),
                                                         i["table"]),)),
 }
+
+
+def _softmax_bwd(i, *, scale=None, visible_shift=0, no_row_sum=False, sum_axis=-1):
+    """softmax_backward in float64 with pluggable bugs: another scale, the causal diagonal shifted,
+    the row sum left out (only the Jacobian's diagonal), the sum taken over another axis."""
+    dy, y = f64(i["dy"]), f64(i["y"])
+    if i["causal"]:
+        M, N = dy.shape[-2:]
+        vis = np.arange(N)[None, :] <= np.arange(M)[:, None] + (N - M) + visible_shift
+        dy, y = np.where(vis, dy, 0.0), np.where(vis, y, 0.0)
+    s = 0.0 if no_row_sum else (dy * y).sum(sum_axis, keepdims=True)
+    dx = (i["scale"] if scale is None else scale) * y * (dy - s)
+    return (tensor(np.where(vis, dx, 0.0) if i["causal"] else dx),)
+
+
+SPECIFIC["softmax_backward"] = {
+    "scale_missing": ({}, lambda i, e: _softmax_bwd(i, scale=1.0)),
+    "row_sum_missing": ({}, lambda i, e: _softmax_bwd(i, no_row_sum=True)),
+    "sum_over_rows": ({}, lambda i, e: _softmax_bwd(i, sum_axis=-2)),
+    "causal_diagonal_plus_one": (dict(causal=True), lambda i, e: _softmax_bwd(i, visible_shift=1)),
+    "causal_diagonal_minus_one": (dict(causal=True), lambda i, e: _softmax_bwd(i, visible_shift=-1)),
+}
 SPECIFIC["decode_attention"] = {
     "reads_one_slot_past_seqlen": ({}, lambda i, e: (_decode_as_prefill(
         {**i, "seqlens": i["seqlens"] + 1}),)),
@@ -789,8 +811,9 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "gated_delta_rule": (2, 70, 2, 4, 16, 12),              # Hv / Hk 2 with Hk 2 (the head map shows), 2 chunks
         "moe_route": (24, 8),                                   # 72 entries over 8 experts, blocks of 4
         "moe": (24, 40, 24, 8),                                 # T 24, H 40, I 24, E 8
-        "moe_mxfp4": (24, 96, 64, 8)}                           # T 24, H 96 (a partial K tile), I 64, E 8
-BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
+        "moe_mxfp4": (24, 96, 64, 8),                           # T 24, H 96 (a partial K tile), I 64, E 8
+        "softmax_backward": (2, 7, 12)}
+BASE_PARAMS = {"softmax": dict(scale=0.7), "softmax_backward": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                "mla_decode": dict(lens="24,20,1", num_splits=2),   # Tq 2: the first row of lens 1 sees nothing
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding

@@ -1,0 +1,64 @@
+"""The backward oracles (float64, written out from the formulas) against torch.autograd of the
+float64 forward oracles, on tiny shapes, and the forward oracles against finite differences
+(torch.autograd.gradcheck) where that is cheap. A formula oracle that agrees with autograd of an
+independently written forward is the ground truth the `_backward` ops are judged against."""
+import importlib
+import math
+
+import pytest
+import torch
+
+import oracles
+
+
+def _randn(*shape, seed, scale=1.0):
+    return scale * torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.fixture
+def differentiable(monkeypatch):
+    """differentiable("softmax"): the forward oracles of oracles/softmax.py with autograd kept. They
+    copy their inputs with oracles._torch.f64, which detaches; here that copy is a differentiable
+    float64 clone, and nothing else of the oracle changes."""
+    def patch(family):
+        module = importlib.import_module(f"oracles.{family}")
+        monkeypatch.setattr(module, "f64", lambda t: t.to(torch.float64).clone(memory_format=torch.contiguous_format))
+        return module
+    return patch
+
+
+def _autograd(fn, inputs: dict, dy, wrt):
+    """The gradients of <fn(**inputs), dy> with respect to the inputs named in `wrt`."""
+    leaves = {k: v.detach().clone().requires_grad_(True) if k in wrt else v for k, v in inputs.items()}
+    with torch.enable_grad():
+        y = fn(**leaves)
+        grads = torch.autograd.grad(y, [leaves[k] for k in wrt], dy)
+    return dict(zip(wrt, grads)), y.detach()
+
+
+# ---------------------------------------------------------------- softmax
+
+@pytest.mark.op("softmax_backward")
+@pytest.mark.parametrize("shape,causal", [((3, 7), False), ((2, 5, 7), True), ((2, 7, 5), True), ((1, 1), True),
+                                          ((4, 1), False)])
+@pytest.mark.parametrize("scale", [1.0, 0.3])
+def test_softmax_backward_oracle_is_autograd_of_the_forward(differentiable, shape, causal, scale):
+    """dx = scale y (dy - sum(dy y)) equals autograd of the float64 softmax, masked columns and rows
+    that see nothing (7 queries on 5 keys) included."""
+    module = differentiable("softmax")
+    x, dy = _randn(*shape, seed=1, scale=2.0), _randn(*shape, seed=2)
+    grads, y = _autograd(module.softmax, {"x": x, "scale": scale, "causal": causal}, dy, ["x"])
+    formula = oracles.softmax_backward(dy, y, scale, causal)
+    torch.testing.assert_close(formula, grads["x"], rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda t: module.softmax(t, scale, causal), (x.clone().requires_grad_(True),))
+
+
+@pytest.mark.op("softmax_backward")
+def test_softmax_backward_oracle_ignores_y_and_dy_under_the_mask():
+    """The contract: masked columns get 0 and add nothing to the row's sum, whatever y and dy hold."""
+    x, dy = _randn(2, 4, 6, seed=3), _randn(2, 4, 6, seed=4)
+    y = oracles.softmax(x, 0.5, True)
+    hidden = torch.arange(6)[None, :] > torch.arange(4)[:, None] + 2
+    poisoned = oracles.softmax_backward(dy.masked_fill(hidden, math.nan), y.masked_fill(hidden, math.inf), 0.5, True)
+    torch.testing.assert_close(poisoned, oracles.softmax_backward(dy, y, 0.5, True), rtol=0, atol=0)
+    assert bool((poisoned[:, hidden] == 0).all())
