@@ -23,6 +23,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mla_decode": ("harness.ops.mla", FLOATS),
     "adamw": ("harness.ops.adamw", ("float32", "bfloat16")),
     "bias_gelu": ("harness.ops.activations", FLOATS),
+    "bias_gelu_backward": ("harness.ops.activations", FLOATS),
     "embedding": ("harness.ops.embedding", FLOATS),     # the dtype is the table's
     "matmul": ("harness.ops.gemm", FLOATS),
     "swiglu": ("harness.ops.gemm", FLOATS),

@@ -546,7 +546,7 @@ BAD = [
     ("moe_route", "permute out_num shape", lambda d: PERM(d, out_num=torch.zeros((), dtype=torch.int32, device=d)), ValueError, "out_num"),
 ]
 
-# Backward passes (issue 20): softmax_backward, ...
+# Backward passes (issue 20): softmax_backward, bias_gelu_backward, ...
 BAD += [
     ("softmax_backward", "int dy", lambda d: kernels.softmax_backward(torch.ones(2, 4, dtype=torch.int64, device=d), T(2, 4, device=d)), TypeError, "dy"),
     ("softmax_backward", "float64 y", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, dtype=torch.float64, device=d)), TypeError, "y"),
@@ -562,10 +562,27 @@ BAD += [
     ("softmax_backward", "out shape", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), out=T(4, 2, device=d)), ValueError, "out"),
     ("softmax_backward", "out dtype", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), out=T(2, 4, dtype=torch.float16, device=d)), TypeError, "out"),
     ("softmax_backward", "block_cols not a power of two", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), block_cols=3), ValueError, "block_cols"),
+    ("bias_gelu_backward", "int dout", lambda d: kernels.bias_gelu_backward(torch.ones(2, 4, dtype=torch.int32, device=d), T(2, 4, device=d)), TypeError, "dout"),
+    ("bias_gelu_backward", "0-d dout", lambda d: kernels.bias_gelu_backward(torch.tensor(1.0, device=d), torch.tensor(1.0, device=d)), ValueError, "dout"),
+    ("bias_gelu_backward", "y shape", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(4, 2, device=d)), ValueError, "y"),
+    ("bias_gelu_backward", "y dtype", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, dtype=torch.float16, device=d)), TypeError, "y"),
+    ("bias_gelu_backward", "y device", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), torch.empty(2, 4, device="meta")), ValueError, "y"),
+    ("bias_gelu_backward", "bias length", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), T(5, device=d)), ValueError, "bias"),
+    ("bias_gelu_backward", "bias rank", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), T(2, 4, device=d)), ValueError, "bias"),
+    ("bias_gelu_backward", "bias dtype", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, dtype=torch.float16, device=d)), TypeError, "bias"),
+    ("bias_gelu_backward", "unknown approximate", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), None, "erf"), ValueError, "approximate"),
+    ("bias_gelu_backward", "out shape", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), out=T(4, 2, device=d)), ValueError, "out"),
+    ("bias_gelu_backward", "dbias_out shape", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), dbias_out=T(5, device=d)), ValueError, "dbias_out"),
+    ("bias_gelu_backward", "dbias_out dtype", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), dbias_out=T(4, dtype=torch.float16, device=d)), TypeError, "dbias_out"),
+    ("bias_gelu_backward", "dbias_out without a bias", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), dbias_out=T(4, device=d)), ValueError, "dbias_out"),
+    ("bias_gelu_backward", "block_rows not a power of two", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), block_rows=3), ValueError, "block_rows"),
+    ("bias_gelu_backward", "row_groups zero", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), row_groups=0), ValueError, "row_groups"),
 ]
 EMPTY_BACKWARD = [
     ("softmax_backward", lambda d: kernels.softmax_backward(T(0, 5, device=d), T(0, 5, device=d), 1.0, True)),
     ("softmax_backward", lambda d: kernels.softmax_backward(T(3, 0, device=d), T(3, 0, device=d))),
+    ("bias_gelu_backward", lambda d: kernels.bias_gelu_backward(T(2, 0, device=d), T(2, 0, device=d), T(0, device=d))),
+    ("bias_gelu_backward", lambda d: kernels.bias_gelu_backward(T(0, 5, device=d), T(0, 5, device=d))),
 ]
 
 

@@ -62,3 +62,35 @@ def test_softmax_backward_oracle_ignores_y_and_dy_under_the_mask():
     poisoned = oracles.softmax_backward(dy.masked_fill(hidden, math.nan), y.masked_fill(hidden, math.inf), 0.5, True)
     torch.testing.assert_close(poisoned, oracles.softmax_backward(dy, y, 0.5, True), rtol=0, atol=0)
     assert bool((poisoned[:, hidden] == 0).all())
+
+
+# ---------------------------------------------------------------- bias_gelu
+
+@pytest.mark.op("bias_gelu_backward")
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_backward_oracle_is_autograd_of_the_forward(differentiable, approximate):
+    """dy = dout gelu'(y + bias) and dbias = sum of dy over the rows equal autograd of the float64
+    forward, from negative inputs where 1 + tanh and Phi are tiny (at -12 |gelu'| < 1e-30 in both forms) to
+    large ones. (Further out the forward oracle's tanh form is exp(u) / cosh(u) with cosh(u) infinite,
+    whose autograd is NaN: the limits are checked below.)"""
+    module = differentiable("activations")
+    y = torch.cat([torch.linspace(-12, 12, 61, dtype=torch.float64)[None].expand(2, -1), _randn(2, 61, seed=5)])
+    bias, dout = _randn(61, seed=6, scale=0.5), _randn(4, 61, seed=7)
+    grads, _ = _autograd(module.bias_gelu, {"y": y, "bias": bias, "approximate": approximate}, dout, ["y", "bias"])
+    dy, dbias = oracles.bias_gelu_backward(dout, y, bias, approximate)
+    torch.testing.assert_close(dy, grads["y"], rtol=1e-12, atol=1e-300)
+    torch.testing.assert_close(dbias, grads["bias"], rtol=1e-12, atol=1e-300)
+    assert torch.autograd.gradcheck(lambda t, b: module.bias_gelu(t, b, approximate),
+                                    (_randn(3, 5, seed=8, scale=3.0).requires_grad_(True),
+                                     _randn(5, seed=9).requires_grad_(True)))
+
+
+@pytest.mark.op("bias_gelu_backward")
+def test_bias_gelu_backward_oracle_limits():
+    """gelu' is 1 at +inf and 0 at -inf in both forms, NaN at NaN, and no bias gives no dbias."""
+    y = torch.tensor([[math.inf, -math.inf, math.nan, 3e38, -3e38]], dtype=torch.float64)
+    for approximate in ("none", "tanh"):
+        dy, dbias = oracles.bias_gelu_backward(torch.full_like(y, 2.0), y, None, approximate)
+        assert dbias is None
+        torch.testing.assert_close(dy, torch.tensor([[2.0, 0.0, math.nan, 2.0, 0.0]], dtype=torch.float64),
+                                   rtol=0, atol=0, equal_nan=True)

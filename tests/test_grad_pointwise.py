@@ -49,3 +49,67 @@ def test_softmax_function_trains(backend):
     x = _randn(4, 6, 9, seed=3, device=dev).requires_grad_(True)
     target = torch.softmax(_randn(4, 6, 9, seed=4, device=dev), -1)
     _sgd_lowers_loss([x], lambda: ((kernels.SoftmaxFunction.apply(x, 0.5, True) - target) ** 2).sum(), lr=1.0)
+
+
+# ---------------------------------------------------------------- bias_gelu
+
+@pytest.mark.op("bias_gelu_backward")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_function_gradient_is_the_backward_op(dtype, approximate, backend):
+    dev = backend.device
+    y = _randn(70, 24, seed=5, dtype=dtype, device=dev, scale=3.0).requires_grad_(True)
+    bias = _randn(24, seed=6, dtype=dtype, device=dev).requires_grad_(True)
+    dout = _randn(70, 24, seed=7, dtype=dtype, device=dev)
+    out = kernels.BiasGeluFunction.apply(y, bias, approximate)
+    assert torch.equal(out, kernels.bias_gelu(y.detach(), bias.detach(), approximate))
+    out.backward(dout)
+    dy, dbias = kernels.bias_gelu_backward(dout, y.detach(), bias.detach(), approximate)
+    assert torch.equal(y.grad, dy) and torch.equal(bias.grad, dbias)
+
+
+@pytest.mark.op("bias_gelu_backward")
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_backward_without_bias_is_the_zero_bias_dy(approximate, backend):
+    """No bias: dbias is None and dy is that of a zero bias, bit for bit (y + 0 is y in fp32, and
+    gelu' is even-symmetric in the sign of 0)."""
+    dev = backend.device
+    y, dout = _randn(9, 33, seed=8, device=dev, scale=3.0), _randn(9, 33, seed=9, device=dev)
+    dy, dbias = kernels.bias_gelu_backward(dout, y, None, approximate)
+    assert dbias is None
+    assert torch.equal(dy, kernels.bias_gelu_backward(dout, y, torch.zeros(33, device=dev), approximate)[0])
+    x = y.clone().requires_grad_(True)
+    kernels.BiasGeluFunction.apply(x, None, approximate).backward(dout)
+    assert torch.equal(x.grad, dy)
+
+
+@pytest.mark.op("bias_gelu_backward")
+def test_bias_gelu_backward_is_deterministic_and_tiling_free(backend):
+    """dbias is reduced in a fixed order: the same bits on every call; and dy does not depend on the
+    tiling (each element is one product)."""
+    dev = backend.device
+    y, dout, bias = (_randn(300, 40, seed=10, device=dev), _randn(300, 40, seed=11, device=dev),
+                     _randn(40, seed=12, device=dev))
+    first = kernels.bias_gelu_backward(dout, y, bias)
+    again = kernels.bias_gelu_backward(dout, y, bias)
+    tiled = kernels.bias_gelu_backward(dout, y, bias, block_cols=16, block_rows=4, row_groups=7)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert torch.equal(first[0], tiled[0])
+    # Another tiling sums in another order: the same within a few fp32 roundings of sum |dy|.
+    assert bool(((first[1] - tiled[1]).abs() <= 1e-6 * first[0].abs().sum(0)).all())
+
+
+@pytest.mark.op("bias_gelu_backward")
+def test_bias_gelu_function_trains(backend):
+    dev = backend.device
+    w = _randn(16, 8, seed=13, device=dev, scale=0.5).requires_grad_(True)
+    b = torch.zeros(16, device=dev, requires_grad=True)
+    x, target = _randn(32, 8, seed=14, device=dev), _randn(32, 16, seed=15, device=dev).abs()
+    _sgd_lowers_loss([w, b], lambda: ((kernels.BiasGeluFunction.apply(x @ w.t(), b, "tanh") - target) ** 2).mean())
+
+
+@pytest.mark.op("bias_gelu_backward")
+def test_bias_gelu_backward_over_no_rows_gives_a_zero_dbias(backend):
+    dy, dbias = kernels.bias_gelu_backward(torch.empty(0, 5, device=backend.device), torch.empty(0, 5, device=backend.device),
+                                           torch.ones(5, device=backend.device))
+    assert dy.shape == (0, 5) and torch.equal(dbias, torch.zeros(5, device=backend.device))

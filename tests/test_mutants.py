@@ -268,6 +268,37 @@ def _softmax_bwd(i, *, scale=None, visible_shift=0, no_row_sum=False, sum_axis=-
     return (tensor(np.where(vis, dx, 0.0) if i["causal"] else dx),)
 
 
+def _gelu_slope(x, approximate, *, no_pdf=False):
+    """gelu'(x) in float64 NumPy (written apart from the oracle), with the x phi(x) term droppable."""
+    with np.errstate(all="ignore"):
+        if approximate == "tanh":
+            c = math.sqrt(2 / math.pi)
+            t = np.tanh(c * (x + 0.044715 * x ** 3))
+            return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x ** 2)
+        erf = np.vectorize(math.erf, otypes=[np.float64])
+        phi = 0.5 * (1 + erf(x / math.sqrt(2)))
+        return phi if no_pdf else phi + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _gelu_bwd(i, *, form=None, no_pdf=False, bias_in_slope=True, dbias_rows=None, dbias_of_dout=False):
+    """bias_gelu_backward in float64 with pluggable bugs: the other form's slope, the slope without its
+    x phi(x) term, the bias left out of the slope's argument, dbias summed over the first dbias_rows
+    rows only (one row block, not reduced across blocks), dbias as the sum of dout."""
+    dout, b = f64(i["dout"]), f64(i["bias"])
+    x = f64(i["y"]) + (b if bias_in_slope else 0.0)
+    dy = dout * _gelu_slope(x, form or i["approximate"], no_pdf=no_pdf)
+    rows = (dout if dbias_of_dout else dy).reshape(-1, dy.shape[-1])
+    return tensor(dy), tensor(rows[:dbias_rows].sum(0))
+
+
+SPECIFIC["bias_gelu_backward"] = {
+    "tanh_slope_for_erf": (dict(approximate="none"), lambda i, e: _gelu_bwd(i, form="tanh")),
+    "erf_slope_for_tanh": (dict(approximate="tanh"), lambda i, e: _gelu_bwd(i, form="none")),
+    "slope_without_pdf_term": ({}, lambda i, e: _gelu_bwd(i, no_pdf=True)),
+    "bias_missing_in_slope": ({}, lambda i, e: _gelu_bwd(i, bias_in_slope=False)),
+    "dbias_not_reduced_across_row_blocks": ({}, lambda i, e: _gelu_bwd(i, dbias_rows=16)),
+    "dbias_sums_dout": ({}, lambda i, e: _gelu_bwd(i, dbias_of_dout=True)),
+}
 SPECIFIC["softmax_backward"] = {
     "scale_missing": ({}, lambda i, e: _softmax_bwd(i, scale=1.0)),
     "row_sum_missing": ({}, lambda i, e: _softmax_bwd(i, no_row_sum=True)),
@@ -812,7 +843,7 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "moe_route": (24, 8),                                   # 72 entries over 8 experts, blocks of 4
         "moe": (24, 40, 24, 8),                                 # T 24, H 40, I 24, E 8
         "moe_mxfp4": (24, 96, 64, 8),                           # T 24, H 96 (a partial K tile), I 64, E 8
-        "softmax_backward": (2, 7, 12)}
+        "softmax_backward": (2, 7, 12), "bias_gelu_backward": (40, 64)}
 BASE_PARAMS = {"softmax": dict(scale=0.7), "softmax_backward": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                "mla_decode": dict(lens="24,20,1", num_splits=2),   # Tq 2: the first row of lens 1 sees nothing
