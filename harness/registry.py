@@ -25,6 +25,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "bias_gelu": ("harness.ops.activations", FLOATS),
     "bias_gelu_backward": ("harness.ops.activations", FLOATS),
     "embedding": ("harness.ops.embedding", FLOATS),     # the dtype is the table's
+    "embedding_backward": ("harness.ops.embedding", FLOATS),    # the dtype is dout's (the table's)
     "matmul": ("harness.ops.gemm", FLOATS),
     "swiglu": ("harness.ops.gemm", FLOATS),
     "quantize_fp8": ("harness.ops.fp8", FLOATS),    # the dtype is x's; the fp8 format is a case param

@@ -7,7 +7,7 @@ from kernels._launch import raise_deferred_errors
 from kernels.adamw import AdamW, adamw
 from kernels.activations import BiasGeluFunction, bias_gelu, bias_gelu_backward
 from kernels.attention import decode_attention, flash_attention
-from kernels.embedding import embedding
+from kernels.embedding import EmbeddingFunction, embedding, embedding_backward
 from kernels.fp8 import fp8_matmul, quantize_fp8
 from kernels.gated_delta import gated_delta_rule, gated_delta_rule_decode
 from kernels.gemm import matmul, swiglu
@@ -18,4 +18,4 @@ from kernels.norms import add_rmsnorm, layernorm, rmsnorm
 from kernels.rope import rmsnorm_rope, rope
 from kernels.softmax import SoftmaxFunction, softmax, softmax_backward
 
-__all__ = ["AdamW", "adamw", "add_rmsnorm", "bias_gelu", "bias_gelu_backward", "decode_attention", "dequantize_mxfp4", "embedding", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "softmax_backward", "swiglu", "BiasGeluFunction", "SoftmaxFunction"]
+__all__ = ["AdamW", "adamw", "add_rmsnorm", "bias_gelu", "bias_gelu_backward", "decode_attention", "dequantize_mxfp4", "embedding", "embedding_backward", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "softmax_backward", "swiglu", "BiasGeluFunction", "EmbeddingFunction", "SoftmaxFunction"]

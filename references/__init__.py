@@ -6,7 +6,7 @@ against the oracle is the rounding that the dtype itself forces on that very inp
 from references.adamw import adamw
 from references.activations import bias_gelu, bias_gelu_backward
 from references.attention import decode_attention, flash_attention
-from references.embedding import embedding
+from references.embedding import embedding, embedding_backward
 from references.fp8 import fp8_matmul, quantize_fp8
 from references.gated_delta import gated_delta_rule
 from references.gemm import matmul, swiglu
@@ -17,4 +17,4 @@ from references.norms import add_rmsnorm, layernorm, rmsnorm
 from references.rope import rmsnorm_rope, rope
 from references.softmax import softmax, softmax_backward
 
-__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "bias_gelu_backward", "decode_attention", "dequantize_mxfp4", "embedding", "flash_attention", "fp8_matmul", "gated_delta_rule", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "softmax_backward", "swiglu"]
+__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "bias_gelu_backward", "decode_attention", "dequantize_mxfp4", "embedding", "embedding_backward", "flash_attention", "fp8_matmul", "gated_delta_rule", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "softmax_backward", "swiglu"]

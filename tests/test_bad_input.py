@@ -546,7 +546,7 @@ BAD = [
     ("moe_route", "permute out_num shape", lambda d: PERM(d, out_num=torch.zeros((), dtype=torch.int32, device=d)), ValueError, "out_num"),
 ]
 
-# Backward passes (issue 20): softmax_backward, bias_gelu_backward, ...
+# Backward passes (issue 20): softmax_backward, bias_gelu_backward, embedding_backward, ...
 BAD += [
     ("softmax_backward", "int dy", lambda d: kernels.softmax_backward(torch.ones(2, 4, dtype=torch.int64, device=d), T(2, 4, device=d)), TypeError, "dy"),
     ("softmax_backward", "float64 y", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, dtype=torch.float64, device=d)), TypeError, "y"),
@@ -577,12 +577,30 @@ BAD += [
     ("bias_gelu_backward", "dbias_out without a bias", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), dbias_out=T(4, device=d)), ValueError, "dbias_out"),
     ("bias_gelu_backward", "block_rows not a power of two", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), block_rows=3), ValueError, "block_rows"),
     ("bias_gelu_backward", "row_groups zero", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), row_groups=0), ValueError, "row_groups"),
+    ("embedding_backward", "id past the table", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 5], device=d), 5), ValueError, "ids"),
+    ("embedding_backward", "negative id", lambda d: kernels.embedding_backward(T(1, 2, 8, device=d), torch.tensor([[1, -1]], dtype=torch.int32, device=d), 5), ValueError, "ids"),
+    ("embedding_backward", "ids into an empty table", lambda d: kernels.embedding_backward(T(1, 8, device=d), torch.tensor([0], device=d), 0), ValueError, "ids"),
+    ("embedding_backward", "float ids", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0.0, 1.0], device=d), 5), TypeError, "ids"),
+    ("embedding_backward", "int dout", lambda d: kernels.embedding_backward(torch.ones(2, 8, dtype=torch.int32, device=d), torch.tensor([0, 1], device=d), 5), TypeError, "dout"),
+    ("embedding_backward", "float64 dout", lambda d: kernels.embedding_backward(T(2, 8, dtype=torch.float64, device=d), torch.tensor([0, 1], device=d), 5), TypeError, "dout"),
+    ("embedding_backward", "dout not of the ids' shape", lambda d: kernels.embedding_backward(T(3, 8, device=d), torch.tensor([0, 1], device=d), 5), ValueError, "dout"),
+    ("embedding_backward", "dout without a feature dim", lambda d: kernels.embedding_backward(T(2, device=d), torch.tensor([0, 1], device=d), 5), ValueError, "dout"),
+    ("embedding_backward", "num_embeddings negative", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), -1), ValueError, "num_embeddings"),
+    ("embedding_backward", "num_embeddings a float", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5.0), TypeError, "num_embeddings"),
+    ("embedding_backward", "num_embeddings a tensor", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), T(5, 8, device=d)), TypeError, "num_embeddings"),
+    ("embedding_backward", "ids device", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.zeros(2, dtype=torch.int64, device="meta"), 5), ValueError, "ids"),
+    ("embedding_backward", "out shape", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, out=T(5, 7, device=d)), ValueError, "out"),
+    ("embedding_backward", "out dtype", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, out=T(5, 8, dtype=torch.float16, device=d)), TypeError, "out"),
+    ("embedding_backward", "validate an int", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, validate=0), TypeError, "validate"),
+    ("embedding_backward", "block_rows not a power of two", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, block_rows=3), ValueError, "block_rows"),
 ]
 EMPTY_BACKWARD = [
     ("softmax_backward", lambda d: kernels.softmax_backward(T(0, 5, device=d), T(0, 5, device=d), 1.0, True)),
     ("softmax_backward", lambda d: kernels.softmax_backward(T(3, 0, device=d), T(3, 0, device=d))),
     ("bias_gelu_backward", lambda d: kernels.bias_gelu_backward(T(2, 0, device=d), T(2, 0, device=d), T(0, device=d))),
     ("bias_gelu_backward", lambda d: kernels.bias_gelu_backward(T(0, 5, device=d), T(0, 5, device=d))),
+    ("embedding_backward", lambda d: kernels.embedding_backward(T(3, 0, device=d), torch.zeros(3, dtype=torch.int32, device=d), 5)),
+    ("embedding_backward", lambda d: kernels.embedding_backward(T(0, 4, device=d), torch.zeros(0, dtype=torch.int64, device=d), 0)),
 ]
 
 

@@ -94,3 +94,25 @@ def test_bias_gelu_backward_oracle_limits():
         assert dbias is None
         torch.testing.assert_close(dy, torch.tensor([[2.0, 0.0, math.nan, 2.0, 0.0]], dtype=torch.float64),
                                    rtol=0, atol=0, equal_nan=True)
+
+
+# ---------------------------------------------------------------- embedding
+
+@pytest.mark.op("embedding_backward")
+def test_embedding_backward_oracle_is_autograd_of_the_forward(differentiable):
+    """dtable[v] = the sum of dout over the tokens of id v: autograd of the float64 lookup, with repeated
+    ids, an id used once, rows no id names (zeros) and ids of two dims."""
+    module = differentiable("embedding")
+    ids = torch.tensor([[3, 0, 3], [5, 3, 0]])
+    table, dout = _randn(7, 4, seed=10), _randn(2, 3, 4, seed=11)
+    grads, _ = _autograd(module.embedding, {"ids": ids, "table": table}, dout, ["table"])
+    formula = oracles.embedding_backward(dout, ids, 7)
+    torch.testing.assert_close(formula, grads["table"], rtol=1e-15, atol=0)
+    assert bool((formula[[1, 2, 4, 6]] == 0).all())
+    assert torch.autograd.gradcheck(lambda t: module.embedding(ids, t), (table.clone().requires_grad_(True),))
+
+
+@pytest.mark.op("embedding_backward")
+def test_embedding_backward_oracle_refuses_ids_outside_the_table():
+    with pytest.raises(IndexError):
+        oracles.embedding_backward(_randn(2, 4, seed=12), torch.tensor([0, 7]), 7)

@@ -113,3 +113,66 @@ def test_bias_gelu_backward_over_no_rows_gives_a_zero_dbias(backend):
     dy, dbias = kernels.bias_gelu_backward(torch.empty(0, 5, device=backend.device), torch.empty(0, 5, device=backend.device),
                                            torch.ones(5, device=backend.device))
     assert dy.shape == (0, 5) and torch.equal(dbias, torch.zeros(5, device=backend.device))
+
+
+# ---------------------------------------------------------------- embedding
+
+@pytest.mark.op("embedding_backward")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_function_gradient_is_the_backward_op(dtype, backend):
+    dev = backend.device
+    ids = torch.tensor([[4, 1, 4, 4], [0, 1, 9, 4]], device=dev)
+    table = _randn(10, 24, seed=16, dtype=dtype, device=dev).requires_grad_(True)
+    dout = _randn(2, 4, 24, seed=17, dtype=dtype, device=dev)
+    out = kernels.EmbeddingFunction.apply(ids, table)
+    assert torch.equal(out, kernels.embedding(ids, table.detach()))
+    out.backward(dout)
+    assert torch.equal(table.grad, kernels.embedding_backward(dout, ids, 10))
+
+
+@pytest.mark.op("embedding_backward")
+def test_embedding_backward_is_deterministic_and_tiling_free(backend):
+    """Each row sums its tokens in token order whatever the tiling: the same bits on every call and
+    under every block size."""
+    dev = backend.device
+    ids = torch.randint(0, 6, (300,), generator=torch.Generator().manual_seed(18)).to(dev)
+    dout = _randn(300, 40, seed=19, device=dev)
+    first = kernels.embedding_backward(dout, ids, 6)
+    assert torch.equal(first, kernels.embedding_backward(dout, ids, 6))
+    assert torch.equal(first, kernels.embedding_backward(dout, ids, 6, block_cols=8, block_rows=1))
+    assert torch.equal(first, kernels.embedding_backward(dout, ids.to(torch.int32), 6, block_rows=4))
+
+
+@pytest.mark.op("embedding_backward")
+def test_embedding_backward_drops_bad_ids_and_reports_them(backend):
+    """An id outside [0, V) adds to no row: validate=False leaves the other rows' sums exact, True raises
+    naming ids (after writing them), "deferred" raises at the next validating call."""
+    dev = backend.device
+    ids = torch.tensor([2, -1, 2, 5, 0, 9], device=dev)
+    dout = _randn(6, 8, seed=20, device=dev)
+    good = ids.clamp(0, 4) != ids
+    want = kernels.embedding_backward(dout[~good], ids[~good], 5)
+    assert torch.equal(kernels.embedding_backward(dout, ids, 5, validate=False), want)
+    out = torch.full((5, 8), float("nan"), device=dev)
+    with pytest.raises(ValueError, match=r"^ids: expected ids in \[0, 5\) .* got 3 outside it"):
+        kernels.embedding_backward(dout, ids, 5, out=out)
+    assert torch.equal(out, want)
+    kernels.embedding_backward(dout, ids, 5, validate="deferred")
+    with pytest.raises(ValueError, match='^ids: .*embedding_backward call with validate="deferred"'):
+        kernels.raise_deferred_errors()
+
+
+@pytest.mark.op("embedding_backward")
+def test_embedding_function_trains(backend):
+    dev = backend.device
+    table = _randn(12, 8, seed=21, device=dev).requires_grad_(True)
+    ids = torch.tensor([[1, 5, 5, 11], [0, 5, 3, 1]], device=dev)
+    target = _randn(2, 4, 8, seed=22, device=dev)
+    _sgd_lowers_loss([table], lambda: ((kernels.EmbeddingFunction.apply(ids, table) - target) ** 2).sum())
+
+
+@pytest.mark.op("embedding_backward")
+def test_embedding_backward_of_no_tokens_is_a_zero_table(backend):
+    dtable = kernels.embedding_backward(torch.empty(0, 6, device=backend.device),
+                                        torch.empty(0, dtype=torch.int64, device=backend.device), 4)
+    assert torch.equal(dtable, torch.zeros(4, 6, device=backend.device))

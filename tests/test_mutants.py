@@ -299,6 +299,27 @@ SPECIFIC["bias_gelu_backward"] = {
     "dbias_not_reduced_across_row_blocks": ({}, lambda i, e: _gelu_bwd(i, dbias_rows=16)),
     "dbias_sums_dout": ({}, lambda i, e: _gelu_bwd(i, dbias_of_dout=True)),
 }
+def _embed_bwd(i, *, ids=None, last_write_wins=False, mean=False):
+    """embedding_backward in float64 with pluggable bugs: other ids, a scatter that keeps only the last
+    token of each id instead of adding them up, the mean of a row's tokens instead of their sum."""
+    ids = (i["ids"] if ids is None else ids).reshape(-1).cpu().long().numpy()
+    g = f64(i["dout"]).reshape(ids.size, -1)
+    dt = np.zeros((i["num_embeddings"], g.shape[-1]))
+    if last_write_wins:
+        dt[ids] = g
+    else:
+        np.add.at(dt, ids, g)
+    if mean:
+        dt /= np.maximum(np.bincount(ids, minlength=dt.shape[0]), 1)[:, None]
+    return (tensor(dt),)
+
+
+SPECIFIC["embedding_backward"] = {
+    "scatter_drops_repeats": ({}, lambda i, e: _embed_bwd(i, last_write_wins=True)),
+    "mean_of_repeats": ({}, lambda i, e: _embed_bwd(i, mean=True)),
+    "id_off_by_one": ({}, lambda i, e: _embed_bwd(i, ids=(i["ids"] + 1) % i["num_embeddings"])),
+    "neighbouring_token_row": ({}, lambda i, e: _embed_bwd(i, ids=i["ids"].reshape(-1).roll(1))),
+}
 SPECIFIC["softmax_backward"] = {
     "scale_missing": ({}, lambda i, e: _softmax_bwd(i, scale=1.0)),
     "row_sum_missing": ({}, lambda i, e: _softmax_bwd(i, no_row_sum=True)),
@@ -843,8 +864,10 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "moe_route": (24, 8),                                   # 72 entries over 8 experts, blocks of 4
         "moe": (24, 40, 24, 8),                                 # T 24, H 40, I 24, E 8
         "moe_mxfp4": (24, 96, 64, 8),                           # T 24, H 96 (a partial K tile), I 64, E 8
-        "softmax_backward": (2, 7, 12), "bias_gelu_backward": (40, 64)}
-BASE_PARAMS = {"softmax": dict(scale=0.7), "softmax_backward": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
+        "softmax_backward": (2, 7, 12), "bias_gelu_backward": (40, 64),
+        "embedding_backward": (24, 16)}                         # 24 tokens over 10 ids: repeats
+BASE_PARAMS = {"softmax": dict(scale=0.7), "softmax_backward": dict(scale=0.7), "embedding_backward": dict(vocab=10),
+               "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                "mla_decode": dict(lens="24,20,1", num_splits=2),   # Tq 2: the first row of lens 1 sees nothing
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding
