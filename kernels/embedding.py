@@ -35,8 +35,8 @@ import triton
 import triton.language as tl
 
 from kernels._device import kahan_add, row_offsets
-from kernels._launch import (check_same_device, check_tensor, check_validate, error_word, leading_layout, new_out,
-                             report_errors)
+from kernels._launch import (allocate, check_same_device, check_tensor, check_validate, error_word, leading_layout,
+                             new_out, report_errors)
 
 INT_DTYPES = (torch.int32, torch.int64)
 _MAX_BLOCK_H = 1024
@@ -206,7 +206,9 @@ def embedding_backward(dout: torch.Tensor, ids: torch.Tensor, num_embeddings: in
             word = torch.tensor([int(((ids < 0) | (ids >= V)).sum())], dtype=torch.int32)
             report_errors(word, True, "embedding_backward", problems, detail)
         return out
-    sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)
+    sorted_ids = allocate((n_tokens,), ids.dtype, dout.device, name="sorted_ids")
+    order = allocate((n_tokens,), torch.int64, dout.device, name="sort_order")
+    torch.sort(ids.reshape(-1), stable=True, out=(sorted_ids, order))
     layout = leading_layout(tuple(ids.shape), dout.stride()[:-1])
     if layout is None:
         dout = dout.contiguous()
