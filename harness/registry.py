@@ -16,6 +16,8 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "add_rmsnorm": ("harness.ops.norms", FLOATS),
     "rope": ("harness.ops.rope", FLOATS),
     "rmsnorm_rope": ("harness.ops.rope", FLOATS),
+    "rope_backward": ("harness.ops.rope", FLOATS),
+    "rmsnorm_rope_backward": ("harness.ops.rope", FLOATS),
     "softmax": ("harness.ops.softmax", FLOATS),
     "softmax_backward": ("harness.ops.softmax", FLOATS),
     "flash_attention": ("harness.ops.attention", FLOATS),

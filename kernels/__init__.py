@@ -15,7 +15,7 @@ from kernels.mla import mla_decode
 from kernels.moe import moe, moe_mxfp4, moe_permute, moe_route
 from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from kernels.norms import add_rmsnorm, layernorm, rmsnorm
-from kernels.rope import rmsnorm_rope, rope
+from kernels.rope import RMSNormRoPEFunction, RoPEFunction, rmsnorm_rope, rmsnorm_rope_backward, rope, rope_backward
 from kernels.softmax import SoftmaxFunction, softmax, softmax_backward
 
-__all__ = ["AdamW", "adamw", "add_rmsnorm", "bias_gelu", "bias_gelu_backward", "decode_attention", "dequantize_mxfp4", "embedding", "embedding_backward", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "softmax_backward", "swiglu", "BiasGeluFunction", "EmbeddingFunction", "SoftmaxFunction"]
+__all__ = ["AdamW", "adamw", "add_rmsnorm", "bias_gelu", "bias_gelu_backward", "decode_attention", "dequantize_mxfp4", "embedding", "embedding_backward", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rmsnorm_rope_backward", "rope", "rope_backward", "softmax", "softmax_backward", "swiglu", "BiasGeluFunction", "EmbeddingFunction", "RMSNormRoPEFunction", "RoPEFunction", "SoftmaxFunction"]

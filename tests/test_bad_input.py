@@ -546,7 +546,8 @@ BAD = [
     ("moe_route", "permute out_num shape", lambda d: PERM(d, out_num=torch.zeros((), dtype=torch.int32, device=d)), ValueError, "out_num"),
 ]
 
-# Backward passes (issue 20): softmax_backward, bias_gelu_backward, embedding_backward, ...
+# Backward passes (issue 20): softmax_backward, bias_gelu_backward, embedding_backward, rope_backward,
+# rmsnorm_rope_backward
 BAD += [
     ("softmax_backward", "int dy", lambda d: kernels.softmax_backward(torch.ones(2, 4, dtype=torch.int64, device=d), T(2, 4, device=d)), TypeError, "dy"),
     ("softmax_backward", "float64 y", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, dtype=torch.float64, device=d)), TypeError, "y"),
@@ -593,6 +594,26 @@ BAD += [
     ("embedding_backward", "out dtype", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, out=T(5, 8, dtype=torch.float16, device=d)), TypeError, "out"),
     ("embedding_backward", "validate an int", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, validate=0), TypeError, "validate"),
     ("embedding_backward", "block_rows not a power of two", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, block_rows=3), ValueError, "block_rows"),
+    ("rope_backward", "3-d dy", lambda d: kernels.rope_backward(T(2, 3, 4, device=d), P(2, 3, d)), ValueError, "dy"),
+    ("rope_backward", "int dy", lambda d: kernels.rope_backward(torch.ones(2, 3, 1, 4, dtype=torch.int32, device=d), P(2, 3, d)), TypeError, "dy"),
+    ("rope_backward", "float positions", lambda d: kernels.rope_backward(T(2, 3, 1, 4, device=d), torch.zeros(2, 3, device=d)), TypeError, "positions"),
+    ("rope_backward", "positions shape", lambda d: kernels.rope_backward(T(2, 3, 1, 4, device=d), P(3, 2, d)), ValueError, "positions"),
+    ("rope_backward", "odd rotary_dim", lambda d: kernels.rope_backward(T(2, 3, 1, 8, device=d), P(2, 3, d), rotary_dim=5), ValueError, "rotary_dim"),
+    ("rope_backward", "theta zero", lambda d: kernels.rope_backward(T(2, 3, 1, 8, device=d), P(2, 3, d), 0.0), ValueError, "theta"),
+    ("rope_backward", "unknown style", lambda d: kernels.rope_backward(T(2, 3, 1, 8, device=d), P(2, 3, d), style="llama"), ValueError, "style"),
+    ("rope_backward", "out shape", lambda d: kernels.rope_backward(T(2, 3, 1, 8, device=d), P(2, 3, d), out=T(2, 3, 8, device=d)), ValueError, "out"),
+    ("rmsnorm_rope_backward", "dy shape", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 4, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d)), ValueError, "dy"),
+    ("rmsnorm_rope_backward", "3-d dy", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d)), ValueError, "dy"),
+    ("rmsnorm_rope_backward", "dy dtype", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, dtype=torch.float16, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d)), TypeError, "dy"),
+    ("rmsnorm_rope_backward", "dy device", lambda d: kernels.rmsnorm_rope_backward(torch.empty(2, 3, 1, 8, device="meta"), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d)), ValueError, "dy"),
+    ("rmsnorm_rope_backward", "3-d x", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 8, device=d), T(2, 3, 8, device=d), T(8, device=d), P(2, 3, d)), ValueError, "x"),
+    ("rmsnorm_rope_backward", "weight length", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(4, device=d), P(2, 3, d)), ValueError, "w"),
+    ("rmsnorm_rope_backward", "weight dtype", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, dtype=torch.float16, device=d), P(2, 3, d)), TypeError, "w"),
+    ("rmsnorm_rope_backward", "eps NaN", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), math.nan), ValueError, "eps"),
+    ("rmsnorm_rope_backward", "positions shape", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(3, 2, d)), ValueError, "positions"),
+    ("rmsnorm_rope_backward", "dw_out shape", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), dw_out=T(4, device=d)), ValueError, "dw_out"),
+    ("rmsnorm_rope_backward", "dw_out dtype", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), dw_out=T(8, dtype=torch.float16, device=d)), TypeError, "dw_out"),
+    ("rmsnorm_rope_backward", "row_groups zero", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), row_groups=0), ValueError, "row_groups"),
 ]
 EMPTY_BACKWARD = [
     ("softmax_backward", lambda d: kernels.softmax_backward(T(0, 5, device=d), T(0, 5, device=d), 1.0, True)),
@@ -601,6 +622,8 @@ EMPTY_BACKWARD = [
     ("bias_gelu_backward", lambda d: kernels.bias_gelu_backward(T(0, 5, device=d), T(0, 5, device=d))),
     ("embedding_backward", lambda d: kernels.embedding_backward(T(3, 0, device=d), torch.zeros(3, dtype=torch.int32, device=d), 5)),
     ("embedding_backward", lambda d: kernels.embedding_backward(T(0, 4, device=d), torch.zeros(0, dtype=torch.int64, device=d), 0)),
+    ("rope_backward", lambda d: kernels.rope_backward(T(0, 3, 2, 8, device=d), P(0, 3, d))),
+    ("rmsnorm_rope_backward", lambda d: kernels.rmsnorm_rope_backward(T(2, 0, 2, 8, device=d), T(2, 0, 2, 8, device=d), T(8, device=d), P(2, 0, d))[0]),
 ]
 
 

@@ -116,3 +116,42 @@ def test_embedding_backward_oracle_is_autograd_of_the_forward(differentiable):
 def test_embedding_backward_oracle_refuses_ids_outside_the_table():
     with pytest.raises(IndexError):
         oracles.embedding_backward(_randn(2, 4, seed=12), torch.tensor([0, 7]), 7)
+
+
+# ---------------------------------------------------------------- rope, rmsnorm_rope
+
+ROPE_CASES = [(8, 8, "neox"), (8, 8, "gptj"), (10, 6, "neox"), (10, 6, "gptj")]   # (D, rotary_dim, style)
+
+
+@pytest.mark.op("rope_backward")
+@pytest.mark.parametrize("D,rotary_dim,style", ROPE_CASES)
+def test_rope_backward_oracle_is_autograd_of_the_forward(differentiable, D, rotary_dim, style):
+    """dx = R^T dy (pass-through dims: dy) equals autograd of the float64 rotation, at large and
+    negative positions too."""
+    module = differentiable("rope")
+    positions = torch.tensor([[0, 7, -3], [100_000, 1_000_003, 2]])
+    x, dy = _randn(2, 3, 2, D, seed=13), _randn(2, 3, 2, D, seed=14)
+    inputs = {"x": x, "positions": positions, "theta": 10000.0, "rotary_dim": rotary_dim, "style": style}
+    grads, _ = _autograd(module.rope, inputs, dy, ["x"])
+    formula = oracles.rope_backward(dy, positions, 10000.0, rotary_dim, style)
+    torch.testing.assert_close(formula, grads["x"], rtol=1e-13, atol=1e-15)
+    assert torch.autograd.gradcheck(lambda t: module.rope(t, positions, 10000.0, rotary_dim, style),
+                                    (x.clone().requires_grad_(True),))
+
+
+@pytest.mark.op("rmsnorm_rope_backward")
+@pytest.mark.parametrize("D,rotary_dim,style", ROPE_CASES)
+def test_rmsnorm_rope_backward_oracle_is_autograd_of_the_forward(differentiable, D, rotary_dim, style):
+    """dx = r (g w - n mean(g w n)) with g = R^T dy, and dw = the sum of g n over every token and head,
+    equal autograd of the float64 norm-then-rotate, with eps large enough to matter."""
+    module = differentiable("rope")
+    positions = torch.tensor([[0, 7, -3], [100_000, 1_000_003, 2]])
+    x, w, dy = _randn(2, 3, 2, D, seed=15, scale=0.1), 1 + _randn(D, seed=16, scale=0.5), _randn(2, 3, 2, D, seed=17)
+    inputs = {"x": x, "w": w, "positions": positions, "eps": 1e-3, "theta": 10000.0, "style": style,
+              "rotary_dim": rotary_dim}
+    grads, _ = _autograd(module.rmsnorm_rope, inputs, dy, ["x", "w"])
+    dx, dw = oracles.rmsnorm_rope_backward(dy, x, w, positions, 1e-3, 10000.0, style, rotary_dim)
+    torch.testing.assert_close(dx, grads["x"], rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(dw, grads["w"], rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda t, v: module.rmsnorm_rope(t, v, positions, 1e-3, 10000.0, style, rotary_dim),
+                                    (x.clone().requires_grad_(True), w.clone().requires_grad_(True)))

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import kernels
+from harness.ops.rope import pair_length
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -176,3 +177,82 @@ def test_embedding_backward_of_no_tokens_is_a_zero_table(backend):
     dtable = kernels.embedding_backward(torch.empty(0, 6, device=backend.device),
                                         torch.empty(0, dtype=torch.int64, device=backend.device), 4)
     assert torch.equal(dtable, torch.zeros(4, 6, device=backend.device))
+
+
+# ---------------------------------------------------------------- rope, rmsnorm_rope
+
+def _positions(B, T, device, seed):
+    return torch.randint(-(2**20), 2**20, (B, T), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+@pytest.mark.op("rope_backward")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style,rotary_dim", [("neox", 40), ("gptj", 24)])
+def test_rope_function_gradient_is_the_backward_op(dtype, style, rotary_dim, backend):
+    dev = backend.device
+    x = _randn(2, 3, 4, 40, seed=23, dtype=dtype, device=dev).requires_grad_(True)
+    dy = _randn(2, 3, 4, 40, seed=24, dtype=dtype, device=dev)
+    positions = _positions(2, 3, dev, 25)
+    y = kernels.RoPEFunction.apply(x, positions, 5e5, rotary_dim, style)
+    assert torch.equal(y, kernels.rope(x.detach(), positions, 5e5, rotary_dim, style))
+    y.backward(dy)
+    assert torch.equal(x.grad, kernels.rope_backward(dy, positions, 5e5, rotary_dim, style))
+
+
+@pytest.mark.op("rope_backward")
+def test_rope_backward_undoes_the_rotation(backend):
+    """R^T R = I: the backward of the forward's output gives x back, to fp32 rounding."""
+    dev = backend.device
+    x, positions = _randn(2, 5, 3, 64, seed=26, device=dev), _positions(2, 5, dev, 27)
+    back = kernels.rope_backward(kernels.rope(x, positions, 1e4, 48, "gptj"), positions, 1e4, 48, "gptj")
+    torch.testing.assert_close(back, x, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.op("rmsnorm_rope_backward")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style,rotary_dim", [("neox", 40), ("gptj", 24)])
+def test_rmsnorm_rope_function_gradient_is_the_backward_op(dtype, style, rotary_dim, backend):
+    dev = backend.device
+    x = _randn(2, 3, 4, 40, seed=28, dtype=dtype, device=dev).requires_grad_(True)
+    w = (1 + _randn(40, seed=29, dtype=dtype, device=dev, scale=0.5)).detach().requires_grad_(True)
+    dy = _randn(2, 3, 4, 40, seed=30, dtype=dtype, device=dev)
+    positions = _positions(2, 3, dev, 31)
+    y = kernels.RMSNormRoPEFunction.apply(x, w, positions, 1e-5, 1e4, style, rotary_dim)
+    assert torch.equal(y, kernels.rmsnorm_rope(x.detach(), w.detach(), positions, 1e-5, 1e4, style, rotary_dim))
+    y.backward(dy)
+    dx, dw = kernels.rmsnorm_rope_backward(dy, x.detach(), w.detach(), positions, 1e-5, 1e4, style, rotary_dim)
+    assert torch.equal(x.grad, dx) and torch.equal(w.grad, dw)
+
+
+@pytest.mark.op("rmsnorm_rope_backward")
+def test_rmsnorm_rope_backward_is_deterministic(backend):
+    """dw is summed in a fixed order (the same bits on every call); dx does not depend on how the tokens
+    are grouped for dw, and another grouping moves dw by a few fp32 roundings of its magnitude only."""
+    dev = backend.device
+    x, dy = _randn(2, 40, 3, 32, seed=32, device=dev), _randn(2, 40, 3, 32, seed=33, device=dev)
+    w, positions = _randn(32, seed=34, device=dev), _positions(2, 40, dev, 35)
+    first = kernels.rmsnorm_rope_backward(dy, x, w, positions)
+    again = kernels.rmsnorm_rope_backward(dy, x, w, positions)
+    grouped = kernels.rmsnorm_rope_backward(dy, x, w, positions, row_groups=3)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert torch.equal(first[0], grouped[0])
+    n = (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6)).abs()
+    magnitude = (pair_length(dy, 32, "neox") * n).sum((0, 1, 2))
+    assert bool(((first[1] - grouped[1]).abs() <= 1e-6 * magnitude).all())
+
+
+@pytest.mark.op("rmsnorm_rope_backward")
+def test_rmsnorm_rope_function_trains(backend):
+    dev = backend.device
+    x = _randn(1, 6, 2, 16, seed=36, device=dev).requires_grad_(True)
+    w = torch.ones(16, device=dev, requires_grad=True)
+    positions, target = _positions(1, 6, dev, 37), _randn(1, 6, 2, 16, seed=38, device=dev)
+    _sgd_lowers_loss([x, w], lambda: ((kernels.RMSNormRoPEFunction.apply(x, w, positions) - target) ** 2).mean())
+
+
+@pytest.mark.op("rmsnorm_rope_backward")
+def test_rmsnorm_rope_backward_over_no_rows_gives_a_zero_dw(backend):
+    dev = backend.device
+    dx, dw = kernels.rmsnorm_rope_backward(torch.empty(2, 0, 3, 8, device=dev), torch.empty(2, 0, 3, 8, device=dev),
+                                           torch.ones(8, device=dev), torch.zeros(2, 0, dtype=torch.int64, device=dev))
+    assert dx.shape == (2, 0, 3, 8) and torch.equal(dw, torch.zeros(8, device=dev))

@@ -320,6 +320,40 @@ SPECIFIC["embedding_backward"] = {
     "id_off_by_one": ({}, lambda i, e: _embed_bwd(i, ids=(i["ids"] + 1) % i["num_embeddings"])),
     "neighbouring_token_row": ({}, lambda i, e: _embed_bwd(i, ids=i["ids"].reshape(-1).roll(1))),
 }
+def _rope_bwd(i, *, sign=-1, style=None, R=None, pos_shift=0):
+    """rope_backward in float64 (R^T dy: the rotation by minus the angle), with _rope's bugs."""
+    return (tensor(_rope(f64(i["dy"]), i["positions"], i["theta"], R or i["rotary_dim"], style or i["style"],
+                         sign=sign, pos_shift=pos_shift)),)
+
+
+def _rms_rope_bwd(i, *, sign=-1, dw_of_dy=False, no_norm_grad=False, dw_tokens=None, dw_heads=None, eps=None):
+    """rmsnorm_rope_backward in float64 with pluggable bugs: g = R dy instead of R^T dy, dw of the
+    unrotated dy, dx without the normalisation's own gradient (r g w), dw summed over the first
+    dw_tokens tokens only (not across row blocks) or the first dw_heads heads only, another eps."""
+    x, w, dy = f64(i["x"]), f64(i["w"]), f64(i["dy"])
+    g = _rope(dy, i["positions"], i["theta"], i["rotary_dim"], i["style"], sign=sign)
+    r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + (i["eps"] if eps is None else eps))
+    n, v = x * r, g * w
+    dx = r * v if no_norm_grad else r * (v - n * (v * n).mean(-1, keepdims=True))
+    terms = (dy if dw_of_dy else g) * n                         # [B, T, H, D]
+    terms = terms.reshape(-1, *terms.shape[2:])[:dw_tokens, :dw_heads]
+    return tensor(dx), tensor(terms.sum((0, 1)))
+
+
+SPECIFIC["rope_backward"] = {
+    "rotates_forwards": ({}, lambda i, e: _rope_bwd(i, sign=1)),
+    "other_style": ({}, lambda i, e: _rope_bwd(i, style="gptj" if i["style"] == "neox" else "neox")),
+    "position_off_by_one": ({}, lambda i, e: _rope_bwd(i, pos_shift=1)),
+    "partial_rotary_ignored": (dict(rotary_dim=32), lambda i, e: _rope_bwd(i, R=i["dy"].shape[-1])),
+}
+SPECIFIC["rmsnorm_rope_backward"] = {
+    "rotation_not_inverted": ({}, lambda i, e: _rms_rope_bwd(i, sign=1)),
+    "dw_of_unrotated_dy": ({}, lambda i, e: _rms_rope_bwd(i, dw_of_dy=True)),
+    "norm_gradient_missing": ({}, lambda i, e: _rms_rope_bwd(i, no_norm_grad=True)),
+    "dw_not_reduced_across_row_blocks": ({}, lambda i, e: _rms_rope_bwd(i, dw_tokens=1)),
+    "dw_not_summed_over_heads": ({}, lambda i, e: _rms_rope_bwd(i, dw_heads=1)),
+    "eps_missing": (dict(values="small"), lambda i, e: _rms_rope_bwd(i, eps=0.0)),
+}
 SPECIFIC["softmax_backward"] = {
     "scale_missing": ({}, lambda i, e: _softmax_bwd(i, scale=1.0)),
     "row_sum_missing": ({}, lambda i, e: _softmax_bwd(i, no_row_sum=True)),
@@ -865,9 +899,11 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "moe": (24, 40, 24, 8),                                 # T 24, H 40, I 24, E 8
         "moe_mxfp4": (24, 96, 64, 8),                           # T 24, H 96 (a partial K tile), I 64, E 8
         "softmax_backward": (2, 7, 12), "bias_gelu_backward": (40, 64),
-        "embedding_backward": (24, 16)}                         # 24 tokens over 10 ids: repeats
+        "embedding_backward": (24, 16),                         # 24 tokens over 10 ids: repeats
+        "rope_backward": (2, 3, 4, 64), "rmsnorm_rope_backward": (2, 3, 4, 64)}
 BASE_PARAMS = {"softmax": dict(scale=0.7), "softmax_backward": dict(scale=0.7), "embedding_backward": dict(vocab=10),
                "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
+               "rope_backward": dict(positions="any"), "rmsnorm_rope_backward": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                "mla_decode": dict(lens="24,20,1", num_splits=2),   # Tq 2: the first row of lens 1 sees nothing
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding
