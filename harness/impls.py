@@ -29,7 +29,7 @@ from importlib import metadata
 from typing import Callable
 
 ENTRY_POINTS = "kernelcheck.impls"
-OUTPUT_KWARGS = ("out", "out_residual", "lse_out", "scale_out", "dbias_out", "dw_out")   # the launchers' output buffers
+OUTPUT_KWARGS = ("out", "out_residual", "lse_out", "scale_out", "dbias_out", "dw_out", "dw_gate_out", "dw_up_out", "db_gate_out", "db_up_out")   # the launchers' output buffers
 
 
 class ImplError(ValueError):

@@ -30,6 +30,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "embedding_backward": ("harness.ops.embedding", FLOATS),    # the dtype is dout's (the table's)
     "matmul": ("harness.ops.gemm", FLOATS),
     "swiglu": ("harness.ops.gemm", FLOATS),
+    "swiglu_backward": ("harness.ops.gemm", FLOATS),
     "quantize_fp8": ("harness.ops.fp8", FLOATS),    # the dtype is x's; the fp8 format is a case param
     "fp8_matmul": ("harness.ops.fp8", FLOATS),      # the dtype is the output's
     "fp8_matmul_fast_accum": ("harness.ops.fp8", FLOATS),   # fp8_matmul(..., fast_accum=True)

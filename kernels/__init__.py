@@ -10,7 +10,7 @@ from kernels.attention import decode_attention, flash_attention
 from kernels.embedding import EmbeddingFunction, embedding, embedding_backward
 from kernels.fp8 import fp8_matmul, quantize_fp8
 from kernels.gated_delta import gated_delta_rule, gated_delta_rule_decode
-from kernels.gemm import matmul, swiglu
+from kernels.gemm import SwiGLUFunction, matmul, swiglu, swiglu_backward
 from kernels.mla import mla_decode
 from kernels.moe import moe, moe_mxfp4, moe_permute, moe_route
 from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
@@ -18,4 +18,4 @@ from kernels.norms import add_rmsnorm, layernorm, rmsnorm
 from kernels.rope import RMSNormRoPEFunction, RoPEFunction, rmsnorm_rope, rmsnorm_rope_backward, rope, rope_backward
 from kernels.softmax import SoftmaxFunction, softmax, softmax_backward
 
-__all__ = ["AdamW", "adamw", "add_rmsnorm", "bias_gelu", "bias_gelu_backward", "decode_attention", "dequantize_mxfp4", "embedding", "embedding_backward", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rmsnorm_rope_backward", "rope", "rope_backward", "softmax", "softmax_backward", "swiglu", "BiasGeluFunction", "EmbeddingFunction", "RMSNormRoPEFunction", "RoPEFunction", "SoftmaxFunction"]
+__all__ = ["AdamW", "adamw", "add_rmsnorm", "bias_gelu", "bias_gelu_backward", "decode_attention", "dequantize_mxfp4", "embedding", "embedding_backward", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rmsnorm_rope_backward", "rope", "rope_backward", "softmax", "softmax_backward", "swiglu", "swiglu_backward", "BiasGeluFunction", "EmbeddingFunction", "RMSNormRoPEFunction", "RoPEFunction", "SoftmaxFunction", "SwiGLUFunction"]

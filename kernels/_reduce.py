@@ -41,7 +41,7 @@ def partials(n_groups: int, n_cols: int, device, name: str) -> torch.Tensor:
 
 
 @triton.jit
-def _sum_row_groups_kernel(p_ptr, out_ptr, n_groups, N, out_stride, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
+def _sum_row_groups_kernel(p_ptr, out_ptr, n_groups, N, p_stride, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     g = tl.arange(0, BLOCK_G)
@@ -50,16 +50,17 @@ def _sum_row_groups_kernel(p_ptr, out_ptr, n_groups, N, out_stride, BLOCK_G: tl.
     for start in range(0, n_groups, BLOCK_G):
         rows = start + g
         mask = (rows < n_groups)[:, None] & col_ok[None, :]
-        v = tl.load(p_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0)
+        v = tl.load(p_ptr + rows.to(tl.int64)[:, None] * p_stride + cols[None, :], mask=mask, other=0.0)
         acc, comp = kahan_add(acc, comp, v)
     total = tl.sum(acc, axis=0)
-    tl.store(out_ptr + cols.to(tl.int64) * out_stride, total.to(out_ptr.dtype.element_ty), mask=col_ok)
+    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 def sum_row_groups(p: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out[n] = sum over groups g of p[g, n], in a fixed order, rounded once to out's dtype."""
+    """out[n] = sum over groups g of p[g, n] (p: fp32 rows of unit column stride, out contiguous), in
+    a fixed order, rounded once to out's dtype."""
     n_groups, N = p.shape
     block_n = min(1024, triton.next_power_of_2(max(N, 1)))
-    _sum_row_groups_kernel[(triton.cdiv(N, block_n),)](p, out, n_groups, N, out.stride(0),
+    _sum_row_groups_kernel[(triton.cdiv(N, block_n),)](p, out, n_groups, N, p.stride(0),
                                                         BLOCK_G=_GROUP_ROWS, BLOCK_N=block_n, num_warps=4)
     return out

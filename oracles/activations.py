@@ -52,6 +52,12 @@ def _tanh_slope(x):
     return 0.5 * one_plus_tanh + 0.5 * x * du / torch.cosh(u) ** 2
 
 
+def gelu_slope(x, approximate="none"):
+    """gelu'(x) of float64 values, 1 at +inf and 0 at -inf (the limits), NaN at NaN."""
+    slope = _tanh_slope(x) if approximate == "tanh" else _exact_slope(x)
+    return torch.where(x == math.inf, 1.0, torch.where(x == -math.inf, 0.0, slope))
+
+
 @one_thread
 def bias_gelu_backward(dout, y, bias=None, approximate="none"):
     """(dy, dbias): dy = dout * gelu'(y + bias), gelu' 1 at +inf and 0 at -inf; dbias the sum of dy over
@@ -59,8 +65,6 @@ def bias_gelu_backward(dout, y, bias=None, approximate="none"):
     x = f64(y)
     if bias is not None:
         x = x + f64(bias)
-    slope = _tanh_slope(x) if approximate == "tanh" else _exact_slope(x)
-    slope = torch.where(x == math.inf, 1.0, torch.where(x == -math.inf, 0.0, slope))
-    dy = f64(dout) * slope
+    dy = f64(dout) * gelu_slope(x, approximate)
     rows = dy.reshape(dy.shape[:-1].numel(), dy.shape[-1])
     return dy, (rows.sum(0) if bias is not None else None)

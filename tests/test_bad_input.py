@@ -68,6 +68,14 @@ def GDN1(d, B=2, Hk=1, Hv=2, Dk=8, Dv=4, **kw):
     return kernels.gated_delta_rule_decode(**args)
 
 
+def SGB(d, **kw):
+    """swiglu_backward on small valid inputs (x [4, 8], N 5, both biases), any argument replaced by kw."""
+    args = dict(dy=T(4, 5, device=d), x=T(4, 8, device=d), w_gate=T(5, 8, device=d), w_up=T(5, 8, device=d),
+                b_gate=T(5, device=d), b_up=T(5, device=d))
+    args.update(kw)
+    return kernels.swiglu_backward(**args)
+
+
 # (op, description, call(device), exception, the argument the message must start with)
 def ROUTE(d, T_=4, E=8, dtype=torch.float32, **kw):
     """moe_route on small valid inputs (T 4, E 8, top_k 2), any argument replaced by kw."""
@@ -547,7 +555,7 @@ BAD = [
 ]
 
 # Backward passes (issue 20): softmax_backward, bias_gelu_backward, embedding_backward, rope_backward,
-# rmsnorm_rope_backward
+# rmsnorm_rope_backward, swiglu_backward
 BAD += [
     ("softmax_backward", "int dy", lambda d: kernels.softmax_backward(torch.ones(2, 4, dtype=torch.int64, device=d), T(2, 4, device=d)), TypeError, "dy"),
     ("softmax_backward", "float64 y", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, dtype=torch.float64, device=d)), TypeError, "y"),
@@ -614,6 +622,20 @@ BAD += [
     ("rmsnorm_rope_backward", "dw_out shape", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), dw_out=T(4, device=d)), ValueError, "dw_out"),
     ("rmsnorm_rope_backward", "dw_out dtype", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), dw_out=T(8, dtype=torch.float16, device=d)), TypeError, "dw_out"),
     ("rmsnorm_rope_backward", "row_groups zero", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), row_groups=0), ValueError, "row_groups"),
+    ("swiglu_backward", "dy shape", lambda d: SGB(d, dy=T(4, 6, device=d)), ValueError, "dy"),
+    ("swiglu_backward", "dy dtype", lambda d: SGB(d, dy=T(4, 5, dtype=torch.float16, device=d)), TypeError, "dy"),
+    ("swiglu_backward", "dy device", lambda d: SGB(d, dy=torch.empty(4, 5, device="meta")), ValueError, "dy"),
+    ("swiglu_backward", "int dy", lambda d: SGB(d, dy=torch.ones(4, 5, dtype=torch.int32, device=d)), TypeError, "dy"),
+    ("swiglu_backward", "inner dims differ", lambda d: SGB(d, w_gate=T(5, 7, device=d)), ValueError, "w_gate"),
+    ("swiglu_backward", "w_up shape", lambda d: SGB(d, w_up=T(6, 8, device=d)), ValueError, "w_up"),
+    ("swiglu_backward", "b_up length", lambda d: SGB(d, b_up=T(6, device=d)), ValueError, "b_up"),
+    ("swiglu_backward", "relu is not gated", lambda d: SGB(d, activation="relu"), ValueError, "activation"),
+    ("swiglu_backward", "out shape", lambda d: SGB(d, out=T(4, 5, device=d)), ValueError, "out"),
+    ("swiglu_backward", "dw_gate_out shape", lambda d: SGB(d, dw_gate_out=T(8, 5, device=d)), ValueError, "dw_gate_out"),
+    ("swiglu_backward", "dw_up_out dtype", lambda d: SGB(d, dw_up_out=T(5, 8, dtype=torch.float16, device=d)), TypeError, "dw_up_out"),
+    ("swiglu_backward", "db_gate_out shape", lambda d: SGB(d, db_gate_out=T(4, device=d)), ValueError, "db_gate_out"),
+    ("swiglu_backward", "db_up_out without b_up", lambda d: SGB(d, b_up=None, db_up_out=T(5, device=d)), ValueError, "db_up_out"),
+    ("swiglu_backward", "block_k not a power of two", lambda d: SGB(d, block_k=24), ValueError, "block_k"),
 ]
 EMPTY_BACKWARD = [
     ("softmax_backward", lambda d: kernels.softmax_backward(T(0, 5, device=d), T(0, 5, device=d), 1.0, True)),
@@ -624,6 +646,9 @@ EMPTY_BACKWARD = [
     ("embedding_backward", lambda d: kernels.embedding_backward(T(0, 4, device=d), torch.zeros(0, dtype=torch.int64, device=d), 0)),
     ("rope_backward", lambda d: kernels.rope_backward(T(0, 3, 2, 8, device=d), P(0, 3, d))),
     ("rmsnorm_rope_backward", lambda d: kernels.rmsnorm_rope_backward(T(2, 0, 2, 8, device=d), T(2, 0, 2, 8, device=d), T(8, device=d), P(2, 0, d))[0]),
+    ("swiglu_backward", lambda d: SGB(d, dy=T(0, 5, device=d), x=T(0, 8, device=d))[0]),
+    ("swiglu_backward", lambda d: SGB(d, dy=T(4, 0, device=d), w_gate=T(0, 8, device=d), w_up=T(0, 8, device=d), b_gate=None, b_up=None)[1]),
+    ("swiglu_backward", lambda d: SGB(d, x=T(4, 0, device=d), w_gate=T(5, 0, device=d), w_up=T(5, 0, device=d))[0]),
 ]
 
 

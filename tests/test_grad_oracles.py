@@ -155,3 +155,28 @@ def test_rmsnorm_rope_backward_oracle_is_autograd_of_the_forward(differentiable,
     torch.testing.assert_close(dw, grads["w"], rtol=1e-12, atol=1e-14)
     assert torch.autograd.gradcheck(lambda t, v: module.rmsnorm_rope(t, v, positions, 1e-3, 10000.0, style, rotary_dim),
                                     (x.clone().requires_grad_(True), w.clone().requires_grad_(True)))
+
+
+# ---------------------------------------------------------------- swiglu
+
+@pytest.mark.op("swiglu_backward")
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("biases", [True, False])
+def test_swiglu_backward_oracle_is_autograd_of_the_forward(differentiable, activation, biases):
+    """dx, dw_gate, dw_up, db_gate, db_up from dz_gate = dy z_up act'(z_gate), dz_up = dy act(z_gate)
+    equal autograd of the float64 gated projection (rows of two leading dims, gates far negative too)."""
+    module = differentiable("gemm")
+    x, wg, wu = _randn(2, 3, 6, seed=18, scale=2.0), _randn(5, 6, seed=19), _randn(5, 6, seed=20)
+    bg, bu = (_randn(5, seed=21), _randn(5, seed=22)) if biases else (None, None)
+    dy = _randn(2, 3, 5, seed=23)
+    inputs = {"x": x, "w_gate": wg, "w_up": wu, "b_gate": bg, "b_up": bu, "activation": activation}
+    wrt = ["x", "w_gate", "w_up"] + (["b_gate", "b_up"] if biases else [])
+    grads, _ = _autograd(module.swiglu, inputs, dy, wrt)
+    formula = oracles.swiglu_backward(dy, x, wg, wu, bg, bu, activation)
+    for name, got in zip(["x", "w_gate", "w_up", "b_gate", "b_up"], formula):
+        if name in grads:
+            torch.testing.assert_close(got, grads[name], rtol=1e-12, atol=1e-13)
+        else:
+            assert got is None
+    assert torch.autograd.gradcheck(lambda *t: module.swiglu(*t, activation=activation),
+                                    tuple(v.clone().requires_grad_(True) for v in (x[0], wg, wu, *((bg, bu) if biases else ()))))

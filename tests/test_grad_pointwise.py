@@ -256,3 +256,79 @@ def test_rmsnorm_rope_backward_over_no_rows_gives_a_zero_dw(backend):
     dx, dw = kernels.rmsnorm_rope_backward(torch.empty(2, 0, 3, 8, device=dev), torch.empty(2, 0, 3, 8, device=dev),
                                            torch.ones(8, device=dev), torch.zeros(2, 0, dtype=torch.int64, device=dev))
     assert dx.shape == (2, 0, 3, 8) and torch.equal(dw, torch.zeros(8, device=dev))
+
+
+# ---------------------------------------------------------------- swiglu
+
+@pytest.mark.op("swiglu_backward")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_swiglu_function_gradient_is_the_backward_op(dtype, activation, backend):
+    dev = backend.device
+    x = _randn(3, 7, 40, seed=39, dtype=dtype, device=dev).requires_grad_(True)
+    ws = [_randn(24, 40, seed=40 + i, dtype=dtype, device=dev, scale=0.2).requires_grad_(True) for i in range(2)]
+    bs = [_randn(24, seed=42 + i, dtype=dtype, device=dev).requires_grad_(True) for i in range(2)]
+    dy = _randn(3, 7, 24, seed=44, dtype=dtype, device=dev)
+    y = kernels.SwiGLUFunction.apply(x, *ws, *bs, activation)
+    y.backward(dy)
+    want = kernels.swiglu_backward(dy, x.detach(), *(w.detach() for w in ws), *(b.detach() for b in bs), activation)
+    for t, g in zip([x, *ws, *bs], want):
+        assert torch.equal(t.grad, g)
+
+
+@pytest.mark.op("swiglu_backward")
+def test_swiglu_backward_without_biases_is_the_zero_bias_one(backend):
+    """No biases: no db, and dx, dw_gate, dw_up those of zero biases, bit for bit (z + 0 = z)."""
+    dev = backend.device
+    x, dy = _randn(9, 33, seed=45, device=dev), _randn(9, 20, seed=46, device=dev)
+    wg, wu = _randn(20, 33, seed=47, device=dev), _randn(20, 33, seed=48, device=dev)
+    plain = kernels.swiglu_backward(dy, x, wg, wu)
+    zero = kernels.swiglu_backward(dy, x, wg, wu, torch.zeros(20, device=dev), torch.zeros(20, device=dev))
+    assert plain[3] is None and plain[4] is None
+    for a, b in zip(plain[:3], zero[:3]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.op("swiglu_backward")
+def test_swiglu_backward_is_deterministic(backend):
+    dev = backend.device
+    x, dy = _randn(70, 33, seed=49, device=dev), _randn(70, 20, seed=50, device=dev)
+    args = (_randn(20, 33, seed=51, device=dev), _randn(20, 33, seed=52, device=dev), _randn(20, seed=53, device=dev),
+            _randn(20, seed=54, device=dev))
+    first = kernels.swiglu_backward(dy, x, *args, block_m=16, block_n=16, block_k=16)
+    again = kernels.swiglu_backward(dy, x, *args, block_m=16, block_n=16, block_k=16)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.op("swiglu_backward")
+def test_swiglu_function_trains(backend):
+    dev = backend.device
+    wg = _randn(16, 8, seed=55, device=dev, scale=0.3).requires_grad_(True)
+    wu = _randn(16, 8, seed=56, device=dev, scale=0.3).requires_grad_(True)
+    x, target = _randn(24, 8, seed=57, device=dev), _randn(24, 16, seed=58, device=dev)
+    _sgd_lowers_loss([wg, wu], lambda: ((kernels.SwiGLUFunction.apply(x, wg, wu) - target) ** 2).mean())
+
+
+@pytest.mark.op("swiglu_backward")
+def test_swiglu_backward_of_no_rows_gives_zero_weight_gradients(backend):
+    dev = backend.device
+    dx, dwg, dwu, dbg, dbu = kernels.swiglu_backward(torch.empty(0, 5, device=dev), torch.empty(0, 8, device=dev),
+                                                     torch.ones(5, 8, device=dev), torch.ones(5, 8, device=dev),
+                                                     torch.ones(5, device=dev), torch.ones(5, device=dev))
+    assert dx.shape == (0, 8)
+    for g in (dwg, dwu, dbg, dbu):
+        assert torch.equal(g, torch.zeros_like(g))
+
+
+@pytest.mark.op("swiglu_backward")
+def test_swiglu_backward_with_k_zero_still_sums_the_biases(backend):
+    """K = 0: z = b, so db = sum over the rows of dy act'(b_gate) b_up and dy act(b_gate); dx and dw are empty."""
+    dev = backend.device
+    dy, bg, bu = _randn(6, 5, seed=59, device=dev), _randn(5, seed=60, device=dev), _randn(5, seed=61, device=dev)
+    dx, dwg, dwu, dbg, dbu = kernels.swiglu_backward(dy, torch.empty(6, 0, device=dev), torch.empty(5, 0, device=dev),
+                                                     torch.empty(5, 0, device=dev), bg, bu)
+    assert dx.shape == (6, 0) and dwg.shape == (5, 0) and dwu.shape == (5, 0)
+    s = torch.sigmoid(bg.double())
+    torch.testing.assert_close(dbg.double(), (dy.double() * bu.double() * s * (1 + bg.double() * (1 - s))).sum(0))
+    torch.testing.assert_close(dbu.double(), (dy.double() * bg.double() * s).sum(0))

@@ -490,6 +490,47 @@ SPECIFIC["swiglu"] = {
     "wrong_activation": ({}, lambda i, e: _sg(i, act="gelu")),
 }
 
+def _slope(z, name):
+    """act'(z) in float64 NumPy: silu's from the sigmoid, the GELUs' from _gelu_slope."""
+    if name == "silu":
+        sig = 1 / (1 + np.exp(-z))
+        return sig * (1 + z * (1 - sig))
+    return _gelu_slope(z, "tanh" if name == "gelu_tanh" else "none")
+
+
+def _sg_bwd(i, *, swap=False, no_slope=False, dx_gate_only=False, dw_transposed=False, dw_up_of_gate=False,
+            db_rows=None):
+    """swiglu_backward in float64 with pluggable bugs: gate and up swapped, act' left out of dz_gate,
+    dx without the up path, dw_gate's [N, K] storage read as [K, N] (a transposed d(weight)), dw_up
+    from dz_gate, db summed over the first db_rows rows only (not reduced across row blocks)."""
+    x, wg, wu, dy = f64(i["x"]), f64(i["w_gate"]), f64(i["w_up"]), f64(i["dy"])
+    N, K = wg.shape
+    x, dy = x.reshape(-1, K), dy.reshape(-1, N)
+    if swap:
+        wg, wu = wu, wg
+    zg, zu = x @ wg.T + f64(i["b_gate"]), x @ wu.T + f64(i["b_up"])
+    if swap:
+        zg, zu = zu, zg
+    dz_gate = dy * zu * (1.0 if no_slope else _slope(zg, i["activation"]))
+    dz_up = dy * _act(zg, i["activation"])
+    dx = dz_gate @ wg + (0.0 if dx_gate_only else dz_up @ wu)
+    dwg, dwu = dz_gate.T @ x, (dz_gate if dw_up_of_gate else dz_up).T @ x
+    if dw_transposed:
+        dwg = dwg.T.reshape(N, K)
+    return (tensor(dx.reshape(i["x"].shape)), tensor(dwg), tensor(dwu), tensor(dz_gate[:db_rows].sum(0)),
+            tensor(dz_up[:db_rows].sum(0)))
+
+
+SPECIFIC["swiglu_backward"] = {
+    "gate_up_swapped": ({}, lambda i, e: _sg_bwd(i, swap=True)),
+    "slope_missing": ({}, lambda i, e: _sg_bwd(i, no_slope=True)),
+    "dx_without_up_path": ({}, lambda i, e: _sg_bwd(i, dx_gate_only=True)),
+    "dw_transposed": ({}, lambda i, e: _sg_bwd(i, dw_transposed=True)),
+    "dw_up_from_dz_gate": ({}, lambda i, e: _sg_bwd(i, dw_up_of_gate=True)),
+    "db_not_reduced_across_row_blocks": ({}, lambda i, e: _sg_bwd(i, db_rows=16)),
+    "wrong_activation": ({}, lambda i, e: _sg_bwd({**i, "activation": "gelu"})),
+}
+
 def _quant(i, *, scale_mult=1.0, invert=False, truncate=False, zero_amax_nan=False, tensor_amax=False):
     """quantize_fp8's (x8, scale) in float64 with pluggable bugs; fp8 rounding is torch's cast
     (round to nearest even), fixed up to round toward zero for `truncate`."""
@@ -900,7 +941,8 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "moe_mxfp4": (24, 96, 64, 8),                           # T 24, H 96 (a partial K tile), I 64, E 8
         "softmax_backward": (2, 7, 12), "bias_gelu_backward": (40, 64),
         "embedding_backward": (24, 16),                         # 24 tokens over 10 ids: repeats
-        "rope_backward": (2, 3, 4, 64), "rmsnorm_rope_backward": (2, 3, 4, 64)}
+        "rope_backward": (2, 3, 4, 64), "rmsnorm_rope_backward": (2, 3, 4, 64),
+        "swiglu_backward": (24, 40, 20)}
 BASE_PARAMS = {"softmax": dict(scale=0.7), "softmax_backward": dict(scale=0.7), "embedding_backward": dict(vocab=10),
                "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
                "rope_backward": dict(positions="any"), "rmsnorm_rope_backward": dict(positions="any"),
@@ -909,6 +951,7 @@ BASE_PARAMS = {"softmax": dict(scale=0.7), "softmax_backward": dict(scale=0.7), 
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding
                "adamw": dict(steps=3, lr=0.3, weight_decay=0.5),
                "matmul": dict(activation="gelu", bias=True), "swiglu": dict(activation="silu", bias=True),
+               "swiglu_backward": dict(activation="silu", bias=True),
                "quantize_fp8": dict(fmt="e4m3fn", granularity="row"),
                "fp8_matmul": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True),
                "fp8_matmul_fast_accum": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True),
