@@ -408,6 +408,7 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: to
     w[:N], w[N:] (H200: 1.04-1.05x torch.compile of the unfused expression, against
     0.85-0.87x for two separate weights; bench/NOTES.md)."""
     x2, N = _check_swiglu_args(x, w_gate, w_up, b_gate, b_up, activation, {"out": out})
+    K = x.shape[-1]
     out = new_out(out, (*x.shape[:-1], N), x.dtype, x.device)
     if out.numel():
         _run(x2, [w_gate, w_up], (b_gate, b_up), out.view(-1, N), activation, True, block_m, block_n, block_k,
