@@ -38,6 +38,7 @@ REGIMES = (
     "nonfinite",   # N(0, 1) with a few NaN, +inf, -inf
     "neginf",      # 3 N(0, 1) with a quarter of entries -inf and the first row all -inf
     "zero",        # all zeros (AdamW: zero gradients)
+    "zero_rows",   # N(0, 1) with every other row (0, 2, ...) zero (upstream gradients that skip rows)
 )
 LARGE = {"float32": 1e15, "bfloat16": 1e15, "float16": 1e4}
 TINY = {"float32": 1e-39, "bfloat16": 1e-39, "float16": 1e-6}
@@ -135,6 +136,9 @@ def sample(shape, regime: str, dtype: str, gen: torch.Generator) -> torch.Tensor
         return x
     if regime == "zero":
         return torch.zeros_like(x)
+    if regime == "zero_rows":
+        rows[0::2] = 0
+        return x
     if regime == "neginf":
         x = 3 * x
         x[torch.rand(shape, generator=gen) < 0.25] = -math.inf
@@ -197,31 +201,6 @@ def make_param(shape, dtype: str, gen: torch.Generator, device, *, mean=0.0, std
     return storage.to(device)[0::2].view(shape)
 
 
-
-# The upstream gradient dy of a backward op (its regime is the case param "grad"; the case's value
-# regime stays the forward input's):
-GRAD_REGIMES = (
-    "normal",      # N(0, 1)
-    "zero_rows",   # N(0, 1) with about half the rows (along the last dim), the first always, all zero
-    "large",       # N(0, 1) * LARGE[dtype]
-    "nonfinite",   # N(0, 1) with a few NaN, +inf, -inf
-)
-
-
-def make_grad(shape, dtype: str, gen: torch.Generator, device, *, regime="normal",
-              layout="contiguous") -> torch.Tensor:
-    """An upstream gradient of `shape` in `dtype`, drawn in a GRAD_REGIMES regime, stored in a layout."""
-    if regime not in GRAD_REGIMES:
-        raise ValueError(f"grad: expected one of {GRAD_REGIMES}, got {regime!r}")
-    if regime != "zero_rows":
-        return make_input(shape, dtype, gen, device, values=regime, layout=layout)
-    gen_shape = list(shape)
-    if layout == "broadcast" and len(shape) >= 2:
-        gen_shape[0] = 1
-    v = sample(gen_shape, "normal", dtype, gen)
-    if v.numel():
-        rows = v.view(-1, gen_shape[-1])
-        zero = torch.rand(rows.shape[0], generator=gen) < 0.5
-        zero[0] = True
-        rows[zero] = 0.0
-    return lay_out(v.to(TORCH_DTYPES[dtype]), shape, layout, device)
+# Value regimes of the upstream gradient dy of a backward op (its case param "grad"; the case's
+# value regime stays the forward input's).
+GRAD_REGIMES = ("normal", "zero_rows", "large", "nonfinite")

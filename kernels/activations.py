@@ -160,8 +160,8 @@ def _bias_gelu_backward_kernel(dout_ptr, y_ptr, b_ptr, dy_ptr, part_ptr, n_rows,
 
 
 def bias_gelu_backward(dout: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = None,
-                       approximate: str = "none", *, out: torch.Tensor | None = None,
-                       dbias_out: torch.Tensor | None = None, block_cols: int | None = None,
+                       approximate: str = "none", *, out_dy: torch.Tensor | None = None,
+                       out_dbias: torch.Tensor | None = None, block_cols: int | None = None,
                        block_rows: int | None = None, row_groups: int | None = None):
     """(dy, dbias) of out = gelu(y + bias) (bias [N] optional) for the upstream gradient dout (y's
     shape): dy = dout * gelu'(y + bias) and dbias = the sum of dy over all rows (fp32 products,
@@ -171,24 +171,24 @@ def bias_gelu_backward(dout: torch.Tensor, y: torch.Tensor, bias: torch.Tensor |
     check_tensor("y", y)
     check_shape("y", y, dout.shape)
     _check_bias_approximate(y, bias, approximate)
-    check_same_device(dout=dout, y=y, bias=bias, out=out, dbias_out=dbias_out)
+    check_same_device(dout=dout, y=y, bias=bias, out_dy=out_dy, out_dbias=out_dbias)
     check_same_dtype(dout=dout, y=y, bias=bias)
     if block_rows is not None and (not isinstance(block_rows, int) or block_rows < 1 or block_rows & (block_rows - 1)):
         raise ValueError(f"block_rows: expected a power of two >= 1, got {block_rows}")
     check_row_groups(row_groups)
     N = dout.shape[-1]
-    out = new_out(out, dout.shape, dout.dtype, dout.device)
+    out_dy = new_out(out_dy, dout.shape, dout.dtype, dout.device, "out_dy")
     if bias is not None:
-        dbias_out = new_out(dbias_out, (N,), dout.dtype, dout.device, name="dbias_out")
-    elif dbias_out is not None:
-        raise ValueError("dbias_out: expected None: there is no bias, so no dbias")
+        out_dbias = new_out(out_dbias, (N,), dout.dtype, dout.device, "out_dbias")
+    elif out_dbias is not None:
+        raise ValueError("out_dbias: expected None: there is no bias, so no dbias")
     n_rows = dout.numel() // N if N else 0
     if N == 0:
-        return out, dbias_out
+        return out_dy, out_dbias
     if n_rows == 0:
         if bias is not None:
-            dbias_out.zero_()             # a sum over no rows
-        return out, dbias_out
+            out_dbias.zero_()             # a sum over no rows
+        return out_dy, out_dbias
     lead = tuple(dout.shape[:-1])
     layout = leading_layout(lead, dout.stride()[:-1], y.stride()[:-1])
     if layout is None:
@@ -200,15 +200,15 @@ def bias_gelu_backward(dout: torch.Tensor, y: torch.Tensor, bias: torch.Tensor |
         block_m = block_rows
     n_col_blocks = triton.cdiv(N, block_n)
     n_groups, per_group = plan_row_groups(n_rows, block_m, n_col_blocks, row_groups)
-    part = partials(n_groups, N, dout.device, "dbias_partials") if bias is not None else out
+    part = partials(n_groups, N, dout.device, "dbias_partials") if bias is not None else out_dy
     _bias_gelu_backward_kernel[(n_groups, n_col_blocks)](
-        dout, y, bias if bias is not None else y, out, part, n_rows, N, n1, n2, *dstrides, dout.stride(-1),
+        dout, y, bias if bias is not None else y, out_dy, part, n_rows, N, n1, n2, *dstrides, dout.stride(-1),
         *ystrides, y.stride(-1), bias.stride(0) if bias is not None else 0, per_group,
         HAS_BIAS=bias is not None, ACT="gelu_tanh" if approximate == "tanh" else "gelu",
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     if bias is not None:
-        sum_row_groups(part, dbias_out)
-    return out, dbias_out
+        sum_row_groups(part, out_dbias)
+    return out_dy, out_dbias
 
 
 class BiasGeluFunction(torch.autograd.Function):

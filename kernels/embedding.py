@@ -173,14 +173,14 @@ def _embedding_backward_kernel(sorted_ptr, order_ptr, dout_ptr, dtable_ptr, bad_
 
 
 def embedding_backward(dout: torch.Tensor, ids: torch.Tensor, num_embeddings: int, *,
-                       out: torch.Tensor | None = None, block_cols: int | None = None,
+                       out_dtable: torch.Tensor | None = None, block_cols: int | None = None,
                        block_rows: int | None = None, validate: bool | str = True) -> torch.Tensor:
     """dtable [num_embeddings, H] of out = table[ids] for the upstream gradient dout (ids.shape + (H,)):
     dtable[v] = the sum of dout over the tokens whose id is v, in token order, fp32, rounded once to
     dout's dtype; zeros for ids no token has. Deterministic (no atomics).
 
     Ids outside [0, num_embeddings) add to no row; validate says what happens then, as for the
-    forward: True raises a ValueError naming ids after the launch (out written by then), "deferred"
+    forward: True raises a ValueError naming ids after the launch (out_dtable written by then), "deferred"
     raises later without a sync, False drops them silently. block_cols / block_rows force the
     tiling (tests)."""
     check_tensor("dout", dout, min_ndim=1)
@@ -191,21 +191,21 @@ def embedding_backward(dout: torch.Tensor, ids: torch.Tensor, num_embeddings: in
         raise ValueError(f"num_embeddings: expected an int >= 0 (the table's rows), got {num_embeddings}")
     if tuple(dout.shape[:-1]) != tuple(ids.shape):
         raise ValueError(f"dout: expected shape ids.shape + (H,) = {(*ids.shape, 'H')}, got {tuple(dout.shape)}")
-    check_same_device(dout=dout, ids=ids, out=out)
+    check_same_device(dout=dout, ids=ids, out_dtable=out_dtable)
     check_validate(validate)
     if block_rows is not None and (not isinstance(block_rows, int) or block_rows < 1 or block_rows & (block_rows - 1)):
         raise ValueError(f"block_rows: expected a power of two >= 1, got {block_rows}")
     V, H = num_embeddings, dout.shape[-1]
-    out = new_out(out, (V, H), dout.dtype, dout.device)
+    out_dtable = new_out(out_dtable, (V, H), dout.dtype, dout.device, "out_dtable")
     n_tokens = ids.numel()
     problems = functools.partial(_problems, V)
     detail = functools.partial(_detail, ids)
-    if out.numel() == 0 or n_tokens == 0:
-        out.zero_()                         # no token: a sum over nothing
+    if out_dtable.numel() == 0 or n_tokens == 0:
+        out_dtable.zero_()                  # no token: a sum over nothing
         if n_tokens and validate is True:   # nothing to sum into, the ids are still checked
             word = torch.tensor([int(((ids < 0) | (ids >= V)).sum())], dtype=torch.int32)
             report_errors(word, True, "embedding_backward", problems, detail)
-        return out
+        return out_dtable
     sorted_ids = allocate((n_tokens,), ids.dtype, dout.device, name="sorted_ids")
     order = allocate((n_tokens,), torch.int64, dout.device, name="sort_order")
     torch.sort(ids.reshape(-1), stable=True, out=(sorted_ids, order))
@@ -217,14 +217,14 @@ def embedding_backward(dout: torch.Tensor, ids: torch.Tensor, num_embeddings: in
     block_t, block_h, num_warps = _tile(H, block_cols)
     block_v = block_rows if block_rows is not None else block_t
     count = validate is not False
-    bad = error_word(dout.device, validate) if count else out
+    bad = error_word(dout.device, validate) if count else out_dtable
     grid = (triton.cdiv(V, block_v), triton.cdiv(H, block_h))
-    _embedding_backward_kernel[grid](sorted_ids, order, dout, out, bad, n_tokens, V, H, n1, n2, ds0, ds1, ds2,
+    _embedding_backward_kernel[grid](sorted_ids, order, dout, out_dtable, bad, n_tokens, V, H, n1, n2, ds0, ds1, ds2,
                                      dout.stride(-1), COUNT_BAD=count, LOG_N=n_tokens.bit_length(),
                                      BLOCK_V=block_v, BLOCK_H=block_h, num_warps=num_warps)
     if count:
         report_errors(bad, validate, "embedding_backward", problems, detail)
-    return out
+    return out_dtable
 
 
 class EmbeddingFunction(torch.autograd.Function):

@@ -532,9 +532,9 @@ def _gemm_sum(a, b, c, pairs_precision, block_m, block_n, block_k, group_m, a2=N
 
 def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                     b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None, activation: str = "silu",
-                    *, out: torch.Tensor | None = None, dw_gate_out: torch.Tensor | None = None,
-                    dw_up_out: torch.Tensor | None = None, db_gate_out: torch.Tensor | None = None,
-                    db_up_out: torch.Tensor | None = None, block_m: int | None = None, block_n: int | None = None,
+                    *, out_dx: torch.Tensor | None = None, out_dw_gate: torch.Tensor | None = None,
+                    out_dw_up: torch.Tensor | None = None, out_db_gate: torch.Tensor | None = None,
+                    out_db_up: torch.Tensor | None = None, block_m: int | None = None, block_n: int | None = None,
                     block_k: int | None = None, group_m: int | None = None):
     """(dx, dw_gate, dw_up, db_gate, db_up) of y = swiglu(x, w_gate, w_up, b_gate, b_up, activation)
     for the upstream gradient dy [..., N]: with dz_gate = dy z_up act'(z_gate), dz_up = dy act(z_gate)
@@ -542,8 +542,8 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
     (None without that bias); fp32 accumulation, each output rounded once to x's dtype.
     block_m / block_n / block_k / group_m set the tiles of all three GEMMs (tests)."""
     x2, N = _check_swiglu_args(x, w_gate, w_up, b_gate, b_up, activation,
-                               dict(out=out, dw_gate_out=dw_gate_out, dw_up_out=dw_up_out, db_gate_out=db_gate_out,
-                                    db_up_out=db_up_out))
+                               dict(out_dx=out_dx, out_dw_gate=out_dw_gate, out_dw_up=out_dw_up, out_db_gate=out_db_gate,
+                                    out_db_up=out_db_up))
     check_tensor("dy", dy, min_ndim=1)
     if tuple(dy.shape) != (*x.shape[:-1], N):
         raise ValueError(f"dy: expected shape {(*x.shape[:-1], N)} (x's rows, N), got {tuple(dy.shape)}")
@@ -551,20 +551,20 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
     check_same_device(x=x, dy=dy)
     M, K = x2.shape
     dtype, device = x.dtype, x.device
-    out = new_out(out, tuple(x.shape), dtype, device)
-    dw_gate_out = new_out(dw_gate_out, (N, K), dtype, device, name="dw_gate_out")
-    dw_up_out = new_out(dw_up_out, (N, K), dtype, device, name="dw_up_out")
+    out_dx = new_out(out_dx, tuple(x.shape), dtype, device, "out_dx")
+    out_dw_gate = new_out(out_dw_gate, (N, K), dtype, device, "out_dw_gate")
+    out_dw_up = new_out(out_dw_up, (N, K), dtype, device, "out_dw_up")
     db = []
-    for name, bias, buf in (("db_gate_out", b_gate, db_gate_out), ("db_up_out", b_up, db_up_out)):
+    for name, bias, buf in (("out_db_gate", b_gate, out_db_gate), ("out_db_up", b_up, out_db_up)):
         if bias is None and buf is not None:
             raise ValueError(f"{name}: expected None: there is no such bias, so no gradient of it")
-        db.append(new_out(buf, (N,), dtype, device, name=name) if bias is not None else None)
-    db_gate_out, db_up_out = db
+        db.append(new_out(buf, (N,), dtype, device, name) if bias is not None else None)
+    out_db_gate, out_db_up = db
     _config(M, N, K, x.element_size(), 2, block_m, block_n, block_k, group_m)      # checks them
     if M == 0 or N == 0:            # sums over no rows or no columns
-        for t in (out, dw_gate_out, dw_up_out, *[d for d in db if d is not None]):
+        for t in (out_dx, out_dw_gate, out_dw_up, *[d for d in db if d is not None]):
             t.zero_()
-        return out, dw_gate_out, dw_up_out, db_gate_out, db_up_out
+        return out_dx, out_dw_gate, out_dw_up, out_db_gate, out_db_up
     precision = _precision(dtype)
     dy2 = dy.reshape(M, N)
     dz = allocate((M, 2 * N), torch.float32, device, name="dz")
@@ -582,14 +582,14 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
     dz_gate, dz_up = dz[:, :N], dz[:, N:]
     if K:
         tiles = (block_m, block_n, block_k, group_m)
-        _gemm_sum(dz_gate, w_gate, out.view(M, K), precision, *tiles, a2=dz_up, b2=w_up)
-        _gemm_sum(dz_gate.t(), x2, dw_gate_out, precision, *tiles)
-        _gemm_sum(dz_up.t(), x2, dw_up_out, precision, *tiles)
-    if db_gate_out is not None:
-        sum_row_groups(part[:, :N], db_gate_out)
-    if db_up_out is not None:
-        sum_row_groups(part[:, N:], db_up_out)
-    return out, dw_gate_out, dw_up_out, db_gate_out, db_up_out
+        _gemm_sum(dz_gate, w_gate, out_dx.view(M, K), precision, *tiles, a2=dz_up, b2=w_up)
+        _gemm_sum(dz_gate.t(), x2, out_dw_gate, precision, *tiles)
+        _gemm_sum(dz_up.t(), x2, out_dw_up, precision, *tiles)
+    if out_db_gate is not None:
+        sum_row_groups(part[:, :N], out_db_gate)
+    if out_db_up is not None:
+        sum_row_groups(part[:, N:], out_db_up)
+    return out_dx, out_dw_gate, out_dw_up, out_db_gate, out_db_up
 
 
 class SwiGLUFunction(torch.autograd.Function):

@@ -200,15 +200,15 @@ def rmsnorm_rope(x: torch.Tensor, w: torch.Tensor, positions: torch.Tensor, eps:
 
 
 def rope_backward(dy: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, rotary_dim: int | None = None,
-                  style: str = "neox", *, out: torch.Tensor | None = None) -> torch.Tensor:
+                  style: str = "neox", *, out_dx: torch.Tensor | None = None) -> torch.Tensor:
     """dx of y = rope(x, positions, theta, rotary_dim, style) for the upstream gradient dy[B, T, H, D]:
     each pair turned back by its angle (dx = R^T dy), pass-through dims copied."""
     theta, rotary_dim = _check_rope_args(dy, positions, theta, style, rotary_dim, name="dy")
-    check_same_device(dy=dy, positions=positions, out=out)
-    out = new_out(out, dy.shape, dy.dtype, dy.device)
+    check_same_device(dy=dy, positions=positions, out_dx=out_dx)
+    out_dx = new_out(out_dx, dy.shape, dy.dtype, dy.device, "out_dx")
     if dy.numel() == 0:
-        return out
-    return _launch(dy, positions, None, 0.0, theta, style, rotary_dim, out, norm=False, inverse=True)
+        return out_dx
+    return _launch(dy, positions, None, 0.0, theta, style, rotary_dim, out_dx, norm=False, inverse=True)
 
 
 @triton.jit
@@ -303,8 +303,8 @@ def _rmsnorm_rope_backward_kernel(dy_ptr, x_ptr, pos_ptr, inv_freq_ptr, w_ptr, d
 
 def rmsnorm_rope_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, positions: torch.Tensor,
                           eps: float = 1e-6, theta: float = 10000.0, style: str = "neox",
-                          rotary_dim: int | None = None, *, out: torch.Tensor | None = None,
-                          dw_out: torch.Tensor | None = None, row_groups: int | None = None):
+                          rotary_dim: int | None = None, *, out_dx: torch.Tensor | None = None,
+                          out_dw: torch.Tensor | None = None, row_groups: int | None = None):
     """(dx, dw) of y = rmsnorm_rope(x, w, positions, eps, theta, style, rotary_dim) for the upstream
     gradient dy (x's shape): g = R^T dy, then per head row dx = rstd (g w - n mean(g w n)) with
     n = x rstd, and dw = the sum of g n over every token and head (fp32, deterministic, one rounding).
@@ -313,26 +313,26 @@ def rmsnorm_rope_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, po
     check_tensor("dy", dy, ndim=4)
     check_shape("dy", dy, x.shape)
     eps = _check_norm_args(x, w, eps)
-    check_same_device(x=x, dy=dy, w=w, positions=positions, out=out, dw_out=dw_out)
+    check_same_device(x=x, dy=dy, w=w, positions=positions, out_dx=out_dx, out_dw=out_dw)
     check_same_dtype(x=x, dy=dy, w=w)
     check_row_groups(row_groups)
     B, T, H, D = x.shape
-    out = new_out(out, x.shape, x.dtype, x.device)
-    dw_out = new_out(dw_out, (D,), x.dtype, x.device, name="dw_out")
+    out_dx = new_out(out_dx, x.shape, x.dtype, x.device, "out_dx")
+    out_dw = new_out(out_dw, (D,), x.dtype, x.device, "out_dw")
     if x.numel() == 0:
-        dw_out.zero_()                      # a sum over no rows
-        return out, dw_out
+        out_dw.zero_()                      # a sum over no rows
+        return out_dx, out_dw
     block_half, block_pass, n_pass, block_h, num_warps = _blocks(H, D, rotary_dim)
     n_head_blocks = triton.cdiv(H, block_h)
     n_groups, per_group = plan_row_groups(B * T, 1, n_head_blocks, row_groups)
     part = partials(n_groups * n_head_blocks, D, x.device, "dw_partials")
     _rmsnorm_rope_backward_kernel[(n_groups, n_head_blocks)](
-        dy, x, positions, _inv_freq(theta, rotary_dim, x.device), w, out, part, B * T, T, H, D, rotary_dim // 2,
+        dy, x, positions, _inv_freq(theta, rotary_dim, x.device), w, out_dx, part, B * T, T, H, D, rotary_dim // 2,
         *dy.stride(), *x.stride(), *positions.stride(), w.stride(0), eps, per_group,
         BLOCK_H=block_h, BLOCK_HALF=block_half, BLOCK_PASS=block_pass, HAS_PASS=n_pass > 0,
         GPTJ=style == "gptj", num_warps=num_warps)
-    sum_row_groups(part, dw_out)
-    return out, dw_out
+    sum_row_groups(part, out_dw)
+    return out_dx, out_dw
 
 
 class RoPEFunction(torch.autograd.Function):

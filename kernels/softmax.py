@@ -166,18 +166,18 @@ def _softmax_backward_kernel(dy_ptr, y_ptr, dx_ptr, n_rows, M, N, n1, n2, ds0, d
 
 
 def softmax_backward(dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0, causal: bool = False, *,
-                     out: torch.Tensor | None = None, block_cols: int | None = None) -> torch.Tensor:
+                     out_dx: torch.Tensor | None = None, block_cols: int | None = None) -> torch.Tensor:
     """dx of y = softmax(x * scale, causal) from the forward's output y and the upstream gradient dy
     (both [..., M, N]): dx = scale * y * (dy - sum(dy * y)) over the visible columns, 0 elsewhere."""
     check_tensor("dy", dy, min_ndim=2 if causal else 1)
     check_tensor("y", y)
     check_shape("y", y, dy.shape)
-    check_same_device(dy=dy, y=y, out=out)
+    check_same_device(dy=dy, y=y, out_dx=out_dx)
     check_same_dtype(dy=dy, y=y)
     scale = _check_options(scale, causal)
-    out = new_out(out, dy.shape, dy.dtype, dy.device)
+    out_dx = new_out(out_dx, dy.shape, dy.dtype, dy.device, "out_dx")
     if dy.numel() == 0:
-        return out
+        return out_dx
     N = dy.shape[-1]
     M = dy.shape[-2] if dy.dim() >= 2 else 1
     lead = tuple(dy.shape[:-1])
@@ -189,9 +189,9 @@ def softmax_backward(dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0, caus
     n_rows = dy.numel() // N
     block_m, block_n, single, num_warps = row_tile(N, block_cols)
     _softmax_backward_kernel[(triton.cdiv(n_rows, block_m),)](
-        dy, y, out, n_rows, M, N, n1, n2, *dstrides, dy.stride(-1), *ystrides, y.stride(-1), scale,
+        dy, y, out_dx, n_rows, M, N, n1, n2, *dstrides, dy.stride(-1), *ystrides, y.stride(-1), scale,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, num_warps=num_warps)
-    return out
+    return out_dx
 
 
 class SoftmaxFunction(torch.autograd.Function):

@@ -156,7 +156,7 @@ def test_embedding_backward_drops_bad_ids_and_reports_them(backend):
     assert torch.equal(kernels.embedding_backward(dout, ids, 5, validate=False), want)
     out = torch.full((5, 8), float("nan"), device=dev)
     with pytest.raises(ValueError, match=r"^ids: expected ids in \[0, 5\) .* got 3 outside it"):
-        kernels.embedding_backward(dout, ids, 5, out=out)
+        kernels.embedding_backward(dout, ids, 5, out_dtable=out)
     assert torch.equal(out, want)
     kernels.embedding_backward(dout, ids, 5, validate="deferred")
     with pytest.raises(ValueError, match='^ids: .*embedding_backward call with validate="deferred"'):

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 import kernels
 import oracles
 import references
-from harness.cases import GRAD_REGIMES, Case, make_grad, make_input, make_param
+from harness.cases import GRAD_REGIMES, Case, make_input, make_param
 from harness.compare import Magnitudes
 from harness.op import Op
 from harness.strategies import feature_dims, layouts, lead_shapes, regimes, row_budget, seeds
@@ -99,16 +99,16 @@ class BiasGeluBackward(BiasGelu):
         inp = super().inputs(case, device)
         if inp["bias"] is None:
             raise ValueError(f"{case.id}: a bias_gelu_backward case needs a bias")
-        inp["dout"] = make_grad(case.shape, case.dtype, case.generator().manual_seed(case.seed + 1), device,
-                                regime=case.param("grad", "normal"), layout=case.layout)
+        inp["dout"] = make_input(case.shape, case.dtype, case.generator().manual_seed(case.seed + 1), device,
+                                values=case.param("grad", "normal"), layout=case.layout)
         return inp
 
     def output_shapes(self, inputs):
         return {"dy": tuple(inputs["y"].shape), "dbias": tuple(inputs["bias"].shape)}
 
     def kernel(self, inp, out, **config):
-        return kernels.bias_gelu_backward(inp["dout"], inp["y"], inp["bias"], inp["approximate"], out=out["dy"],
-                                          dbias_out=out["dbias"], **config)
+        return kernels.bias_gelu_backward(inp["dout"], inp["y"], inp["bias"], inp["approximate"], out_dy=out["dy"],
+                                          out_dbias=out["dbias"], **config)
 
     def reference(self, inp):
         return references.bias_gelu_backward(inp["dout"], inp["y"], inp["bias"], inp["approximate"])

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import kernels
 import oracles
 import references
-from harness.cases import GRAD_REGIMES, Case, make_grad, make_input
+from harness.cases import GRAD_REGIMES, Case, make_input
 from harness.op import Op
 from harness.strategies import layouts, lead_shapes, regimes, seeds
 from oracles._torch import one_thread
@@ -116,14 +116,15 @@ class EmbeddingBackward(Embedding):
                        case.param("ids", "int64"), gen)
         if ids.dim() >= 2 and case.param("ids_layout", "contiguous") == "transposed":
             ids = ids.transpose(-1, -2).contiguous().transpose(-1, -2)
-        dout = make_grad(case.shape, case.dtype, gen, device, regime=case.param("grad", "normal"), layout=case.layout)
+        dout = make_input(case.shape, case.dtype, gen, device, values=case.param("grad", "normal"), layout=case.layout)
         return {"dout": dout, "ids": ids.to(device), "num_embeddings": case.param("vocab", 50)}
 
     def output_shapes(self, inputs):
         return {"dtable": (inputs["num_embeddings"], inputs["dout"].shape[-1])}
 
     def kernel(self, inp, out, **config):
-        return (kernels.embedding_backward(inp["dout"], inp["ids"], inp["num_embeddings"], out=out["dtable"], **config),)
+        return (kernels.embedding_backward(inp["dout"], inp["ids"], inp["num_embeddings"], out_dtable=out["dtable"],
+                                              **config),)
 
     def reference(self, inp):
         return (references.embedding_backward(inp["dout"], inp["ids"], inp["num_embeddings"]),)

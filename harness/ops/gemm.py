@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import kernels
 import oracles
 import references
-from harness.cases import GRAD_REGIMES, Case, make_grad, make_input, make_param
+from harness.cases import GRAD_REGIMES, Case, make_input, make_param
 from harness.compare import Magnitudes
 from harness.op import Op
 from harness.strategies import layouts, lead_shapes, regimes, seeds
@@ -244,8 +244,8 @@ class SwiGLUBackward(SwiGLU):
         if inp["b_gate"] is None:
             raise ValueError(f"{case.id}: a swiglu_backward case needs the biases")
         *lead, N, K = case.shape
-        inp["dy"] = make_grad((*lead, N), case.dtype, case.generator().manual_seed(case.seed + 1), device,
-                              regime=case.param("grad", "normal"), layout=case.layout)
+        inp["dy"] = make_input((*lead, N), case.dtype, case.generator().manual_seed(case.seed + 1), device,
+                              values=case.param("grad", "normal"), layout=case.layout)
         return inp
 
     def output_shapes(self, inp):
@@ -256,8 +256,8 @@ class SwiGLUBackward(SwiGLU):
         return (inp["dy"], *super()._args(inp))
 
     def kernel(self, inp, out, **config):
-        return kernels.swiglu_backward(*self._args(inp), out=out["dx"], dw_gate_out=out["dw_gate"],
-                                       dw_up_out=out["dw_up"], db_gate_out=out["db_gate"], db_up_out=out["db_up"],
+        return kernels.swiglu_backward(*self._args(inp), out_dx=out["dx"], out_dw_gate=out["dw_gate"],
+                                       out_dw_up=out["dw_up"], out_db_gate=out["db_gate"], out_db_up=out["db_up"],
                                        **config)
 
     def reference(self, inp):

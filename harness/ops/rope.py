@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 import kernels
 import oracles
 import references
-from harness.cases import GRAD_REGIMES, Case, make_grad, make_input, make_param
+from harness.cases import GRAD_REGIMES, Case, make_input, make_param
 from harness.compare import Magnitudes
 from harness.op import Op
 from harness.strategies import layouts, lead_shapes, regimes, row_budget, seeds
@@ -142,7 +142,7 @@ class RopeBackward(Rope):
 
     def kernel(self, inp, out, **config):
         return (kernels.rope_backward(inp["dy"], inp["positions"], inp["theta"], inp["rotary_dim"], inp["style"],
-                                      out=out["dx"], **config),)
+                                      out_dx=out["dx"], **config),)
 
     def reference(self, inp):
         return (references.rope_backward(inp["dy"], inp["positions"], inp["theta"], inp["rotary_dim"], inp["style"]),)
@@ -170,8 +170,8 @@ class RMSNormRopeBackward(RMSNormRope):
 
     def inputs(self, case, device):
         inp = super().inputs(case, device)
-        inp["dy"] = make_grad(case.shape, case.dtype, case.generator().manual_seed(case.seed + 1), device,
-                              regime=case.param("grad", "normal"), layout=case.layout)
+        inp["dy"] = make_input(case.shape, case.dtype, case.generator().manual_seed(case.seed + 1), device,
+                              values=case.param("grad", "normal"), layout=case.layout)
         return inp
 
     def output_shapes(self, inputs):
@@ -182,7 +182,7 @@ class RMSNormRopeBackward(RMSNormRope):
                 inp["rotary_dim"])
 
     def kernel(self, inp, out, **config):
-        return kernels.rmsnorm_rope_backward(*self._args(inp), out=out["dx"], dw_out=out["dw"], **config)
+        return kernels.rmsnorm_rope_backward(*self._args(inp), out_dx=out["dx"], out_dw=out["dw"], **config)
 
     def reference(self, inp):
         return references.rmsnorm_rope_backward(*self._args(inp))

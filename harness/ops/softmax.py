@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 import kernels
 import oracles
 import references
-from harness.cases import GRAD_REGIMES, Case, lay_out, make_grad, make_input
+from harness.cases import GRAD_REGIMES, Case, lay_out, make_input
 from harness.op import Op
 from harness.strategies import CATALOGUE_DIMS, feature_dims, layouts, lead_shapes, regimes, row_budget, seeds
 from oracles._torch import f64, one_thread
@@ -88,7 +88,7 @@ class SoftmaxBackward(Softmax):
         if causal:      # the contract ignores y where the mask hides it: NaN there must not reach dx
             M, N = case.shape[-2:]
             y = y.masked_fill(torch.arange(N)[None, :] > torch.arange(M)[:, None] + (N - M), float("nan"))
-        dy = make_grad(case.shape, case.dtype, gen, device, regime=case.param("grad", "normal"), layout=case.layout)
+        dy = make_input(case.shape, case.dtype, gen, device, values=case.param("grad", "normal"), layout=case.layout)
         return {"dy": dy, "y": lay_out(y, case.shape, case.layout, device), "x": x.to(device),
                 "scale": scale, "causal": causal}
 
@@ -96,7 +96,7 @@ class SoftmaxBackward(Softmax):
         return {"dx": tuple(inputs["dy"].shape)}
 
     def kernel(self, inp, out, **config):
-        return (kernels.softmax_backward(inp["dy"], inp["y"], inp["scale"], inp["causal"], out=out["dx"], **config),)
+        return (kernels.softmax_backward(inp["dy"], inp["y"], inp["scale"], inp["causal"], out_dx=out["dx"], **config),)
 
     def reference(self, inp):
         return (references.softmax_backward(inp["dy"], inp["x"], inp["scale"], inp["causal"]),)
