@@ -200,3 +200,7 @@ def make_param(shape, dtype: str, gen: torch.Generator, device, *, mean=0.0, std
     storage[0::2] = v.reshape(-1)
     return storage.to(device)[0::2].view(shape)
 
+
+# Value regimes of the upstream gradient dy of a backward op (its case param "grad"; the case's
+# value regime stays the forward input's).
+GRAD_REGIMES = ("normal", "zero_rows", "large", "nonfinite")

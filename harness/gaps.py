@@ -98,7 +98,8 @@ GAPS = (
                "exponent arithmetic and returns wrong values (1.0e-39 reads as 4.4e-39); exact on the GPU",
         link="triton/runtime/interpreter.py, _convert_float (Triton 3.9)",
         ops=("rmsnorm", "add_rmsnorm", "rmsnorm_rope", "rope", "quantize_fp8", "moe_route", "rmsnorm_backward",
-             "layernorm_backward", "add_rmsnorm_backward"), dtypes=("bfloat16",),
+             "layernorm_backward", "add_rmsnorm_backward", "rope_backward", "rmsnorm_rope_backward", "swiglu_backward"),
+        dtypes=("bfloat16",),
         values=("tiny",)),
     # tl.dot on fp8 operands: the interpreter widens them to fp16 with generic bit arithmetic
     # (_convert_float) that knows neither e4m3fn's NaN nor e5m2's subnormals (e5m2 and fp16 share

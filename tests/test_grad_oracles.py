@@ -2,6 +2,9 @@
 Each is checked here against torch.autograd of the float64 forward oracle it differentiates, on
 tiny shapes, and the forward oracle itself against finite differences (torch.autograd.gradcheck),
 so that a slip in a formula cannot hide behind a kernel that makes the same slip."""
+import importlib
+import math
+
 import pytest
 import torch
 
@@ -101,3 +104,176 @@ def test_layernorm_forward_oracle_passes_gradcheck():
 def test_add_rmsnorm_forward_oracle_passes_gradcheck():
     leaves = [t.requires_grad_() for t in _draw((2, 5), (2, 5), (5,), seed=9)]
     assert torch.autograd.gradcheck(lambda x, r, w: norm_oracles._rms_normalise(x + r, w, 1e-6), leaves)
+
+
+
+
+def _randn(*shape, seed, scale=1.0):
+    return scale * torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.fixture
+def differentiable(monkeypatch):
+    """differentiable("softmax"): the forward oracles of oracles/softmax.py with autograd kept. They
+    copy their inputs with oracles._torch.f64, which detaches; here that copy is a differentiable
+    float64 clone, and nothing else of the oracle changes."""
+    def patch(family):
+        module = importlib.import_module(f"oracles.{family}")
+        monkeypatch.setattr(module, "f64", lambda t: t.to(torch.float64).clone(memory_format=torch.contiguous_format))
+        return module
+    return patch
+
+
+def _autograd_of(fn, inputs: dict, dy, wrt):
+    """The gradients of <fn(**inputs), dy> with respect to the inputs named in `wrt`."""
+    leaves = {k: v.detach().clone().requires_grad_(True) if k in wrt else v for k, v in inputs.items()}
+    with torch.enable_grad():
+        y = fn(**leaves)
+        grads = torch.autograd.grad(y, [leaves[k] for k in wrt], dy)
+    return dict(zip(wrt, grads)), y.detach()
+
+
+# ---------------------------------------------------------------- softmax
+
+@pytest.mark.op("softmax_backward")
+@pytest.mark.parametrize("shape,causal", [((3, 7), False), ((2, 5, 7), True), ((2, 7, 5), True), ((1, 1), True),
+                                          ((4, 1), False)])
+@pytest.mark.parametrize("scale", [1.0, 0.3])
+def test_softmax_backward_oracle_is_autograd_of_the_forward(differentiable, shape, causal, scale):
+    """dx = scale y (dy - sum(dy y)) equals autograd of the float64 softmax, masked columns and rows
+    that see nothing (7 queries on 5 keys) included."""
+    module = differentiable("softmax")
+    x, dy = _randn(*shape, seed=1, scale=2.0), _randn(*shape, seed=2)
+    grads, y = _autograd_of(module.softmax, {"x": x, "scale": scale, "causal": causal}, dy, ["x"])
+    formula = oracles.softmax_backward(dy, y, scale, causal)
+    torch.testing.assert_close(formula, grads["x"], rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda t: module.softmax(t, scale, causal), (x.clone().requires_grad_(True),))
+
+
+@pytest.mark.op("softmax_backward")
+def test_softmax_backward_oracle_ignores_y_and_dy_under_the_mask():
+    """The contract: masked columns get 0 and add nothing to the row's sum, whatever y and dy hold."""
+    x, dy = _randn(2, 4, 6, seed=3), _randn(2, 4, 6, seed=4)
+    y = oracles.softmax(x, 0.5, True)
+    hidden = torch.arange(6)[None, :] > torch.arange(4)[:, None] + 2
+    poisoned = oracles.softmax_backward(dy.masked_fill(hidden, math.nan), y.masked_fill(hidden, math.inf), 0.5, True)
+    torch.testing.assert_close(poisoned, oracles.softmax_backward(dy, y, 0.5, True), rtol=0, atol=0)
+    assert bool((poisoned[:, hidden] == 0).all())
+
+
+# ---------------------------------------------------------------- bias_gelu
+
+@pytest.mark.op("bias_gelu_backward")
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_backward_oracle_is_autograd_of_the_forward(differentiable, approximate):
+    """dy = dout gelu'(y + bias) and dbias = sum of dy over the rows equal autograd of the float64
+    forward, from negative inputs where 1 + tanh and Phi are tiny (at -12 |gelu'| < 1e-30 in both forms) to
+    large ones. (Further out the forward oracle's tanh form is exp(u) / cosh(u) with cosh(u) infinite,
+    whose autograd is NaN: the limits are checked below.)"""
+    module = differentiable("activations")
+    y = torch.cat([torch.linspace(-12, 12, 61, dtype=torch.float64)[None].expand(2, -1), _randn(2, 61, seed=5)])
+    bias, dout = _randn(61, seed=6, scale=0.5), _randn(4, 61, seed=7)
+    grads, _ = _autograd_of(module.bias_gelu, {"y": y, "bias": bias, "approximate": approximate}, dout, ["y", "bias"])
+    dy, dbias = oracles.bias_gelu_backward(dout, y, bias, approximate)
+    torch.testing.assert_close(dy, grads["y"], rtol=1e-12, atol=1e-300)
+    torch.testing.assert_close(dbias, grads["bias"], rtol=1e-12, atol=1e-300)
+    assert torch.autograd.gradcheck(lambda t, b: module.bias_gelu(t, b, approximate),
+                                    (_randn(3, 5, seed=8, scale=3.0).requires_grad_(True),
+                                     _randn(5, seed=9).requires_grad_(True)))
+
+
+@pytest.mark.op("bias_gelu_backward")
+def test_bias_gelu_backward_oracle_limits():
+    """gelu' is 1 at +inf and 0 at -inf in both forms, NaN at NaN, and no bias gives no dbias."""
+    y = torch.tensor([[math.inf, -math.inf, math.nan, 3e38, -3e38]], dtype=torch.float64)
+    for approximate in ("none", "tanh"):
+        dy, dbias = oracles.bias_gelu_backward(torch.full_like(y, 2.0), y, None, approximate)
+        assert dbias is None
+        torch.testing.assert_close(dy, torch.tensor([[2.0, 0.0, math.nan, 2.0, 0.0]], dtype=torch.float64),
+                                   rtol=0, atol=0, equal_nan=True)
+
+
+# ---------------------------------------------------------------- embedding
+
+@pytest.mark.op("embedding_backward")
+def test_embedding_backward_oracle_is_autograd_of_the_forward(differentiable):
+    """dtable[v] = the sum of dout over the tokens of id v: autograd of the float64 lookup, with repeated
+    ids, an id used once, rows no id names (zeros) and ids of two dims."""
+    module = differentiable("embedding")
+    ids = torch.tensor([[3, 0, 3], [5, 3, 0]])
+    table, dout = _randn(7, 4, seed=10), _randn(2, 3, 4, seed=11)
+    grads, _ = _autograd_of(module.embedding, {"ids": ids, "table": table}, dout, ["table"])
+    formula = oracles.embedding_backward(dout, ids, 7)
+    torch.testing.assert_close(formula, grads["table"], rtol=1e-15, atol=0)
+    assert bool((formula[[1, 2, 4, 6]] == 0).all())
+    assert torch.autograd.gradcheck(lambda t: module.embedding(ids, t), (table.clone().requires_grad_(True),))
+
+
+@pytest.mark.op("embedding_backward")
+def test_embedding_backward_oracle_refuses_ids_outside_the_table():
+    with pytest.raises(IndexError):
+        oracles.embedding_backward(_randn(2, 4, seed=12), torch.tensor([0, 7]), 7)
+
+
+# ---------------------------------------------------------------- rope, rmsnorm_rope
+
+ROPE_CASES = [(8, 8, "neox"), (8, 8, "gptj"), (10, 6, "neox"), (10, 6, "gptj")]   # (D, rotary_dim, style)
+
+
+@pytest.mark.op("rope_backward")
+@pytest.mark.parametrize("D,rotary_dim,style", ROPE_CASES)
+def test_rope_backward_oracle_is_autograd_of_the_forward(differentiable, D, rotary_dim, style):
+    """dx = R^T dy (pass-through dims: dy) equals autograd of the float64 rotation, at large and
+    negative positions too."""
+    module = differentiable("rope")
+    positions = torch.tensor([[0, 7, -3], [100_000, 1_000_003, 2]])
+    x, dy = _randn(2, 3, 2, D, seed=13), _randn(2, 3, 2, D, seed=14)
+    inputs = {"x": x, "positions": positions, "theta": 10000.0, "rotary_dim": rotary_dim, "style": style}
+    grads, _ = _autograd_of(module.rope, inputs, dy, ["x"])
+    formula = oracles.rope_backward(dy, positions, 10000.0, rotary_dim, style)
+    torch.testing.assert_close(formula, grads["x"], rtol=1e-13, atol=1e-15)
+    assert torch.autograd.gradcheck(lambda t: module.rope(t, positions, 10000.0, rotary_dim, style),
+                                    (x.clone().requires_grad_(True),))
+
+
+@pytest.mark.op("rmsnorm_rope_backward")
+@pytest.mark.parametrize("D,rotary_dim,style", ROPE_CASES)
+def test_rmsnorm_rope_backward_oracle_is_autograd_of_the_forward(differentiable, D, rotary_dim, style):
+    """dx = r (g w - n mean(g w n)) with g = R^T dy, and dw = the sum of g n over every token and head,
+    equal autograd of the float64 norm-then-rotate, with eps large enough to matter."""
+    module = differentiable("rope")
+    positions = torch.tensor([[0, 7, -3], [100_000, 1_000_003, 2]])
+    x, w, dy = _randn(2, 3, 2, D, seed=15, scale=0.1), 1 + _randn(D, seed=16, scale=0.5), _randn(2, 3, 2, D, seed=17)
+    inputs = {"x": x, "w": w, "positions": positions, "eps": 1e-3, "theta": 10000.0, "style": style,
+              "rotary_dim": rotary_dim}
+    grads, _ = _autograd_of(module.rmsnorm_rope, inputs, dy, ["x", "w"])
+    dx, dw = oracles.rmsnorm_rope_backward(dy, x, w, positions, 1e-3, 10000.0, style, rotary_dim)
+    torch.testing.assert_close(dx, grads["x"], rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(dw, grads["w"], rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda t, v: module.rmsnorm_rope(t, v, positions, 1e-3, 10000.0, style, rotary_dim),
+                                    (x.clone().requires_grad_(True), w.clone().requires_grad_(True)))
+
+
+# ---------------------------------------------------------------- swiglu
+
+@pytest.mark.op("swiglu_backward")
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("biases", [True, False])
+def test_swiglu_backward_oracle_is_autograd_of_the_forward(differentiable, activation, biases):
+    """dx, dw_gate, dw_up, db_gate, db_up from dz_gate = dy z_up act'(z_gate), dz_up = dy act(z_gate)
+    equal autograd of the float64 gated projection (rows of two leading dims, gates far negative too)."""
+    module = differentiable("gemm")
+    x, wg, wu = _randn(2, 3, 6, seed=18, scale=2.0), _randn(5, 6, seed=19), _randn(5, 6, seed=20)
+    bg, bu = (_randn(5, seed=21), _randn(5, seed=22)) if biases else (None, None)
+    dy = _randn(2, 3, 5, seed=23)
+    inputs = {"x": x, "w_gate": wg, "w_up": wu, "b_gate": bg, "b_up": bu, "activation": activation}
+    wrt = ["x", "w_gate", "w_up"] + (["b_gate", "b_up"] if biases else [])
+    grads, _ = _autograd_of(module.swiglu, inputs, dy, wrt)
+    formula = oracles.swiglu_backward(dy, x, wg, wu, bg, bu, activation)
+    for name, got in zip(["x", "w_gate", "w_up", "b_gate", "b_up"], formula):
+        if name in grads:
+            torch.testing.assert_close(got, grads[name], rtol=1e-12, atol=1e-13)
+        else:
+            assert got is None
+    assert torch.autograd.gradcheck(lambda *t: module.swiglu(*t, activation=activation),
+                                    tuple(v.clone().requires_grad_(True) for v in (x[0], wg, wu, *((bg, bu) if biases else ()))))
