@@ -1,9 +1,11 @@
-"""Deterministic sums over rows, for the gradients of weights and biases (dbias, dw).
+"""Deterministic sums over rows, for the gradients of weights and biases (dw, db, dbias).
 
-A backward kernel splits its rows into groups of whole row tiles (plan_row_groups: a function of the
-shape alone, never of the device), and each program sums its group's rows per column in fp32 into
-its own row of a [groups, N] fp32 buffer. sum_row_groups then adds the groups in a fixed order,
-Kahan-compensated, and rounds once. No atomics: the same inputs give the same bits on every run.
+The one plan every backward kernel with a reduced gradient uses (norms, bias_gelu, rmsnorm_rope,
+swiglu's biases). The rows are split into groups of whole row tiles (plan_row_groups: a function
+of the shape alone, never of the device); each program sums its group's rows per column in fp32
+into its own row of a [groups, N] fp32 buffer (partials). sum_row_groups then adds the groups in
+a fixed order, Kahan-compensated, and rounds once. No atomics: the same inputs give the same bits
+on every run.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels._device import kahan_add
-from kernels._launch import allocate
+from kernels._launch import allocate, check_count
 
 # Programs a backward kernel aims for (groups x column blocks): enough to fill a GPU several times
 # over, while the [groups, N] fp32 partials stay small (1024 x 4 bytes a column).
@@ -20,19 +22,20 @@ TARGET_PROGRAMS = 1024
 _GROUP_ROWS = 8         # partial rows the final sum reads at a time
 
 
-def plan_row_groups(n_rows: int, block_m: int, n_col_blocks: int, row_groups: int | None = None):
-    """(groups, row tiles per group) for n_rows rows in tiles of block_m, next to n_col_blocks
-    column blocks. `row_groups` forces a group count (tests use it to make each program of a small
-    case walk several tiles); validated by the launchers."""
-    tiles = triton.cdiv(n_rows, block_m)
-    want = row_groups if row_groups is not None else max(1, TARGET_PROGRAMS // max(n_col_blocks, 1))
-    per_group = triton.cdiv(tiles, max(1, min(want, tiles)))
-    return triton.cdiv(tiles, per_group), per_group
-
-
 def check_row_groups(row_groups) -> None:
-    if row_groups is not None and (isinstance(row_groups, bool) or not isinstance(row_groups, int) or row_groups < 1):
-        raise ValueError(f"row_groups: expected an int >= 1, got {row_groups!r}")
+    """The `row_groups` override of a backward launcher: None or an int >= 1."""
+    check_count("row_groups", row_groups)
+
+
+def plan_row_groups(n_rows: int, block_m: int, n_col_blocks: int = 1, row_groups: int | None = None):
+    """(groups, row tiles per group) for n_rows rows (at least one tile, so that an empty input
+    still gets a plan) in tiles of block_m, next to n_col_blocks column blocks. `row_groups`
+    forces at most that many groups (tests use it to make each program of a small case walk
+    several tiles); validated by the launchers (check_row_groups)."""
+    tiles = max(triton.cdiv(n_rows, block_m), 1)
+    want = row_groups if row_groups is not None else max(1, TARGET_PROGRAMS // max(n_col_blocks, 1))
+    per_group = triton.cdiv(tiles, min(want, tiles))
+    return triton.cdiv(tiles, per_group), per_group
 
 
 def partials(n_groups: int, n_cols: int, device, name: str) -> torch.Tensor:

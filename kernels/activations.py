@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels._device import activate, activation_grad, kahan_add, row_offsets
-from kernels._launch import (check_same_device, check_same_dtype, check_shape, check_tensor,
+from kernels._launch import (check_count, check_same_device, check_same_dtype, check_shape, check_tensor,
                              leading_layout, new_out)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
 
@@ -173,8 +173,7 @@ def bias_gelu_backward(dout: torch.Tensor, y: torch.Tensor, bias: torch.Tensor |
     _check_bias_approximate(y, bias, approximate)
     check_same_device(dout=dout, y=y, bias=bias, out_dy=out_dy, out_dbias=out_dbias)
     check_same_dtype(dout=dout, y=y, bias=bias)
-    if block_rows is not None and (not isinstance(block_rows, int) or block_rows < 1 or block_rows & (block_rows - 1)):
-        raise ValueError(f"block_rows: expected a power of two >= 1, got {block_rows}")
+    check_count("block_rows", block_rows, power_of_two=True)
     check_row_groups(row_groups)
     N = dout.shape[-1]
     out_dy = new_out(out_dy, dout.shape, dout.dtype, dout.device, "out_dy")

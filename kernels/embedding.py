@@ -35,8 +35,8 @@ import triton
 import triton.language as tl
 
 from kernels._device import kahan_add, row_offsets
-from kernels._launch import (allocate, check_same_device, check_tensor, check_validate, error_word, leading_layout,
-                             new_out, report_errors)
+from kernels._launch import (allocate, check_count, check_same_device, check_tensor, check_validate, error_word,
+                             leading_layout, new_out, report_errors)
 
 INT_DTYPES = (torch.int32, torch.int64)
 _MAX_BLOCK_H = 1024
@@ -193,8 +193,7 @@ def embedding_backward(dout: torch.Tensor, ids: torch.Tensor, num_embeddings: in
         raise ValueError(f"dout: expected shape ids.shape + (H,) = {(*ids.shape, 'H')}, got {tuple(dout.shape)}")
     check_same_device(dout=dout, ids=ids, out_dtable=out_dtable)
     check_validate(validate)
-    if block_rows is not None and (not isinstance(block_rows, int) or block_rows < 1 or block_rows & (block_rows - 1)):
-        raise ValueError(f"block_rows: expected a power of two >= 1, got {block_rows}")
+    check_count("block_rows", block_rows, power_of_two=True)
     V, H = num_embeddings, dout.shape[-1]
     out_dtable = new_out(out_dtable, (V, H), dout.dtype, dout.device, "out_dtable")
     n_tokens = ids.numel()

@@ -17,8 +17,9 @@ import triton
 import triton.language as tl
 
 from kernels._device import kahan_add, load_tile, row_offsets
-from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_shape,
-                             check_tensor, leading_layout, new_out, row_tile)
+from kernels._launch import (allocate, check_count, check_finite, check_same_device, check_same_dtype,
+                             check_shape, check_tensor, leading_layout, new_out, row_tile)
+from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
 
 
 @triton.jit
@@ -232,17 +233,13 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: f
 #
 # dx is a per-row formula (docs/NUMERICS.md, "Backward passes"); the row statistics are
 # recomputed from x, exactly as the forward kernels compute them, rather than saved. dw (and db)
-# are sums over every row. They are reduced in two steps, without atomics, so that the result is
-# the same bits on every run: program p walks its own run of row tiles, tiles_per_program of
-# them, and writes one fp32 partial per column to row p of a [programs, D] buffer (compensated
-# sums across its tiles); a second kernel adds the partials of each column over the programs (also
-# compensated) and rounds once to w's dtype. Long rows (the chunked path) are walked twice: first
-# a pass per row for its statistics, kept in a small fp32 buffer, then column chunk by column
-# chunk over all the program's rows, so that each chunk's partial stays in registers.
-
-# Programs the rows are split over: enough to fill a GPU, few enough that the partials ([this, D]
-# fp32) stay small next to x and dy. A number of the shape alone: the same bits on every device.
-GRAD_PROGRAMS = 1024
+# are sums over every row, reduced with the shared row-group plan of kernels/_reduce.py (no
+# atomics: the same bits on every run): program p walks its own group of row tiles,
+# tiles_per_program of them, and writes one fp32 partial per column to row p of a [groups, D]
+# buffer (compensated sums across its tiles); sum_row_groups adds each column's partials over the
+# groups (also compensated) and rounds once to w's dtype. Long rows (the chunked path) are walked
+# twice: first a pass per row for its statistics, kept in a small fp32 buffer, then column chunk
+# by column chunk over all the program's rows, so that each chunk's partial stays in registers.
 # Rows up to this wide are held whole; longer ones are walked in chunks of GRAD_CHUNK. A backward
 # tile holds x, dy, w, xhat, g and dw's two accumulators, so it takes a warp per 256 elements (8
 # a thread): compiled for sm_90 (ptxas -v, no GPU run yet), rows of 16384 held whole spilled 4-7 KB
@@ -477,53 +474,21 @@ def _layernorm_backward_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, db_par
                 tl.store(db_row + c, db, mask=c < D)
 
 
-@triton.jit
-def _sum_partials_kernel(part_ptr, out_ptr, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out[j] = sum over p of part[p, j] (fp32 [P, D]), compensated, rounded once to out's dtype."""
-    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
-    col_ok = cols < D
-    acc = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
-    comp = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
-    for start in range(0, P, BLOCK_P):
-        p = start + tl.arange(0, BLOCK_P)
-        mask = (p < P)[:, None] & col_ok[None, :]
-        part = tl.load(part_ptr + p.to(tl.int64)[:, None] * D + cols[None, :], mask=mask, other=0.0)
-        acc, comp = kahan_add(acc, comp, part)
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=col_ok)
-
-
-def _sum_partials(partials: torch.Tensor, out: torch.Tensor) -> None:
-    P, D = partials.shape
-    block_d = min(triton.next_power_of_2(D), 256)
-    block_p = min(triton.next_power_of_2(P), 16)
-    _sum_partials_kernel[(triton.cdiv(D, block_d),)](partials, out, P, D, BLOCK_P=block_p, BLOCK_D=block_d,
-                                                      num_warps=4)
-
-
-def _check_count(name: str, value, *, power_of_two: bool) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < 1 or (power_of_two and value & (value - 1)):
-        raise ValueError(f"{name}: expected {'a power of two' if power_of_two else 'an int'} >= 1, got {value}")
-
-
-def _backward_plan(n_rows: int, D: int, block_cols, block_rows, num_programs):
+def _backward_plan(n_rows: int, D: int, block_cols, block_rows, row_groups):
     """(BLOCK_M, BLOCK_D, single_pass, num_warps, tiles_per_program, programs). The row tile is the
-    forward's (row_tile); `block_rows` and `num_programs` override the tile's rows and the number of
-    programs (tests use them to run several tiles per program and several partials on small shapes)."""
-    _check_count("block_rows", block_rows, power_of_two=True)
-    _check_count("num_programs", num_programs, power_of_two=False)
+    forward's (row_tile); `block_rows` and `row_groups` override the tile's rows and the number of
+    row groups, one program each (tests use them to run several tiles per program and several
+    partials on small shapes)."""
+    check_count("block_rows", block_rows, power_of_two=True)
+    check_row_groups(row_groups)
     if block_cols is None and D > GRAD_MAX_FUSED:
         block_cols = GRAD_CHUNK
     block_m, block_d, single, _ = row_tile(D, block_cols)
     if block_rows is not None:
         block_m = block_rows
-    n_tiles = max(triton.cdiv(n_rows, block_m), 1)
-    per_program = triton.cdiv(n_tiles, min(n_tiles, num_programs or GRAD_PROGRAMS))
+    programs, per_program = plan_row_groups(n_rows, block_m, 1, row_groups)
     num_warps = min(16, max(4, block_m * block_d // 256))
-    return block_m, block_d, single, num_warps, per_program, triton.cdiv(n_tiles, per_program)
+    return block_m, block_d, single, num_warps, per_program, programs
 
 
 def _check_grad(name, g, x):
@@ -545,7 +510,7 @@ def _strides(layout_strides, tensors, present):
 
 
 def _rms_backward(dy, du, x, residual, w, eps, out_dx, out_dresidual, out_dw, block_cols, block_rows,
-                  num_programs):
+                  row_groups):
     """The launch shared by rmsnorm_backward, add_rmsnorm_backward and AddRMSNormFunction (which
     passes the saved u as x and no residual). Arguments validated by the callers."""
     D = x.shape[-1]
@@ -555,7 +520,7 @@ def _rms_backward(dy, du, x, residual, w, eps, out_dx, out_dresidual, out_dw, bl
     out_dw = new_out(out_dw, (D,), w.dtype, w.device, "out_dw")
     n_rows = x.numel() // D if D else 0
     block_m, block_d, single, num_warps, per_program, programs = _backward_plan(
-        n_rows, D, block_cols, block_rows, num_programs)
+        n_rows, D, block_cols, block_rows, row_groups)
     if x.numel() == 0:
         out_dw.zero_()                  # a sum over no rows
         return out_dx, out_dresidual, out_dw
@@ -566,32 +531,32 @@ def _rms_backward(dy, du, x, residual, w, eps, out_dx, out_dresidual, out_dw, bl
     x, dy = tensors[0], tensors[2 if residual is not None else 1]
     residual = tensors[1] if residual is not None else x
     du = tensors[-1] if du is not None else x
-    partials = allocate((programs, D), torch.float32, x.device, name="dw_partials")
+    dw_part = partials(programs, D, x.device, "dw_partials")
     stats = x if single else allocate((n_rows, 2), torch.float32, x.device, name="row_stats")
     _rmsnorm_backward_kernel[(programs,)](
-        x, residual, w, dy, du, out_dx, out_dresidual if out_dresidual is not None else out_dx, partials, stats,
+        x, residual, w, dy, du, out_dx, out_dresidual if out_dresidual is not None else out_dx, dw_part, stats,
         n_rows, D, n1, n2, xs0, xs1, xs2, xsd, rs0, rs1, rs2, rsd, ys0, ys1, ys2, ysd, us0, us1, us2, usd,
         w.stride(0), eps, per_program, HAS_RESIDUAL=present[1], HAS_DU=present[3],
         HAS_DR=out_dresidual is not None, BLOCK_M=block_m, BLOCK_D=block_d, SINGLE_PASS=single,
         num_warps=num_warps)
-    _sum_partials(partials, out_dw)
+    sum_row_groups(dw_part, out_dw)
     return out_dx, out_dresidual, out_dw
 
 
 def rmsnorm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, *,
                      out_dx: torch.Tensor | None = None, out_dw: torch.Tensor | None = None,
                      block_cols: int | None = None, block_rows: int | None = None,
-                     num_programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     row_groups: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of y = rmsnorm(x, w, eps) for the upstream gradient dy: (dx, dw). The statistics
     are recomputed from x; dw is reduced over every row in a fixed order (bit-reproducible).
-    block_cols (chunk width), block_rows (rows a tile) and num_programs (at most this many) override
+    block_cols (chunk width), block_rows (rows a tile) and row_groups (at most this many) override
     the plan the shape picks; tests use them to run every path on small shapes."""
     eps = _check_rows(x, w, eps)
     _check_grad("dy", dy, x)
     check_same_device(x=x, w=w, dy=dy, out_dx=out_dx, out_dw=out_dw)
     check_same_dtype(x=x, w=w, dy=dy)
     dx, _, dw = _rms_backward(dy, None, x, None, w, eps, out_dx, None, out_dw, block_cols, block_rows,
-                              num_programs)
+                              row_groups)
     return dx, dw
 
 
@@ -599,7 +564,7 @@ def add_rmsnorm_backward(dy: torch.Tensor, du: torch.Tensor | None, x: torch.Ten
                          w: torch.Tensor, eps: float = 1e-6, *, out_dx: torch.Tensor | None = None,
                          out_dresidual: torch.Tensor | None = None, out_dw: torch.Tensor | None = None,
                          block_cols: int | None = None, block_rows: int | None = None,
-                         num_programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         row_groups: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of (y, u) = add_rmsnorm(x, residual, w, eps) for the upstream gradients dy (of y)
     and du (of u; None: zero): (dx, dresidual, dw), dx = dresidual = du + the rmsnorm gradient at u.
     u is recomputed as the forward rounds it. dresidual is the same tensor as dx unless
@@ -614,7 +579,7 @@ def add_rmsnorm_backward(dy: torch.Tensor, du: torch.Tensor | None, x: torch.Ten
                       out_dw=out_dw)
     check_same_dtype(x=x, residual=residual, w=w, dy=dy, du=du)
     dx, dres, dw = _rms_backward(dy, du, x, residual, w, eps, out_dx, out_dresidual, out_dw, block_cols,
-                                 block_rows, num_programs)
+                                 block_rows, row_groups)
     return dx, dx if dres is None else dres, dw
 
 
@@ -622,7 +587,7 @@ def layernorm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor | None
                        b: torch.Tensor | None = None, eps: float = 1e-5, *, out_dx: torch.Tensor | None = None,
                        out_dw: torch.Tensor | None = None, out_db: torch.Tensor | None = None,
                        block_cols: int | None = None, block_rows: int | None = None,
-                       num_programs: int | None = None):
+                       row_groups: int | None = None):
     """Gradients of y = layernorm(x, w, b, eps) for the upstream gradient dy: (dx, dw, db), dw
     None without w and db None without b. The statistics are recomputed from x as the forward
     takes them (of x - x[0]); dw and db are reduced over every row in a fixed order."""
@@ -643,17 +608,15 @@ def layernorm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor | None
     out_db = new_out(out_db, (D,), x.dtype, x.device, "out_db") if b is not None else None
     n_rows = x.numel() // D if D else 0
     block_m, block_d, single, num_warps, per_program, programs = _backward_plan(
-        n_rows, D, block_cols, block_rows, num_programs)
+        n_rows, D, block_cols, block_rows, row_groups)
     if x.numel() == 0:
         for out in (out_dw, out_db):
             if out is not None:
                 out.zero_()             # a sum over no rows
         return out_dx, out_dw, out_db
     (x, dy), n_rows, D, n1, n2, ((xs0, xs1, xs2), (ys0, ys1, ys2)) = _rows_layout(x, dy)
-    partials = allocate((int(w is not None) + int(b is not None), programs, D), torch.float32, x.device,
-                        name="dw_db_partials") if (w is not None or b is not None) else x
-    dw_part = partials[0] if w is not None else x
-    db_part = partials[-1] if b is not None else x
+    dw_part = partials(programs, D, x.device, "dw_partials") if w is not None else x
+    db_part = partials(programs, D, x.device, "db_partials") if b is not None else x
     stats = x if single else allocate((n_rows, 4), torch.float32, x.device, name="row_stats")
     _layernorm_backward_kernel[(programs,)](
         x, w if w is not None else x, dy, out_dx, dw_part, db_part, stats, n_rows, D, n1, n2,
@@ -661,9 +624,9 @@ def layernorm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor | None
         per_program, HAS_W=w is not None, HAS_B=b is not None, BLOCK_M=block_m, BLOCK_D=block_d,
         SINGLE_PASS=single, num_warps=num_warps)
     if w is not None:
-        _sum_partials(dw_part, out_dw)
+        sum_row_groups(dw_part, out_dw)
     if b is not None:
-        _sum_partials(db_part, out_db)
+        sum_row_groups(db_part, out_db)
     return out_dx, out_dw, out_db
 
 

@@ -155,8 +155,8 @@ class AddRMSNorm(RowOp):
 # Configs: the default plan gives most small cases a single program of a single tile, so "chunked"
 # and "split" (the single-pass path in tiles of 2 rows) spread the rows over at most 3 programs:
 # several tiles per program, several partials of dw to add up.
-GRAD_CONFIGS = {"auto": {}, "chunked": {"block_cols": CHUNK, "num_programs": 3},
-                "split": {"block_rows": 2, "num_programs": 3}}
+GRAD_CONFIGS = {"auto": {}, "chunked": {"block_cols": CHUNK, "row_groups": 3},
+                "split": {"block_rows": 2, "row_groups": 3}}
 GRAD_KINDS = ("normal", "zero_rows")
 
 
