@@ -59,6 +59,18 @@ def _sincos(angle):
 
 
 @triton.jit
+def _pair_dims(i, half, GPTJ: tl.constexpr):
+    """The dims (a, b) of pairs i: (2i, 2i + 1) in the gptj style, (i, i + half) in neox."""
+    if GPTJ:
+        a = 2 * i
+        b = a + 1
+    else:
+        a = i
+        b = i + half
+    return a, b
+
+
+@triton.jit
 def _rope_kernel(x_ptr, pos_ptr, inv_freq_ptr, w_ptr, y_ptr, T, H, D, half,
                  xs_b, xs_t, xs_h, xs_d, ps_b, ps_t, ws, eps,
                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
@@ -80,12 +92,7 @@ def _rope_kernel(x_ptr, pos_ptr, inv_freq_ptr, w_ptr, y_ptr, T, H, D, half,
     h_ok = h < H
     x_base = (b * xs_b + t * xs_t + h.to(tl.int64) * xs_h)[:, None]
     y_base = (token * H * D + h.to(tl.int64) * D)[:, None]
-    if GPTJ:
-        ia = 2 * i
-        ib = ia + 1
-    else:
-        ia = i
-        ib = i + half
+    ia, ib = _pair_dims(i, half, GPTJ)
     mask = h_ok[:, None] & i_ok[None, :]
     xa = tl.load(x_ptr + x_base + ia[None, :].to(tl.int64) * xs_d, mask=mask, other=0.0).to(tl.float32)
     xb = tl.load(x_ptr + x_base + ib[None, :].to(tl.int64) * xs_d, mask=mask, other=0.0).to(tl.float32)
@@ -227,12 +234,7 @@ def _rmsnorm_rope_backward_kernel(dy_ptr, x_ptr, pos_ptr, inv_freq_ptr, w_ptr, d
     fp32 sums of g n over its tokens and heads into one row of the partials."""
     i = tl.arange(0, BLOCK_HALF)
     i_ok = i < half
-    if GPTJ:
-        ia = 2 * i
-        ib = ia + 1
-    else:
-        ia = i
-        ib = i + half
+    ia, ib = _pair_dims(i, half, GPTJ)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = h < H
     inv_freq = tl.load(inv_freq_ptr + i, mask=i_ok, other=0.0)
