@@ -423,6 +423,17 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: to
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
+def _load_f32(ptrs, k_mask, EVEN_K: tl.constexpr):
+    """A GEMM operand tile widened to fp32 (exact): unmasked where BLOCK_K divides K, else with the
+    K tail (k_mask) read as 0."""
+    if EVEN_K:
+        v = tl.load(ptrs)
+    else:
+        v = tl.load(ptrs, mask=k_mask, other=0.0)
+    return v.to(tl.float32)
+
+
+@triton.jit
 def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, part_ptr, M, N, K,
                       sxm, sxk, sgn, sgk, sun, suk, sbg, sbu, sdym, sdyn,
                       ACT: tl.constexpr, HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, EVEN_K: tl.constexpr,
@@ -438,15 +449,10 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, par
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(x_ptrs).to(tl.float32)
-            wg = tl.load(wg_ptrs).to(tl.float32)
-            wu = tl.load(wu_ptrs).to(tl.float32)
-        else:
-            k_ok = offs_k < K - k * BLOCK_K
-            a = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
-            wg = tl.load(wg_ptrs, mask=k_ok[:, None], other=0.0).to(tl.float32)
-            wu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0).to(tl.float32)
+        k_ok = offs_k < K - k * BLOCK_K
+        a = _load_f32(x_ptrs, k_ok[None, :], EVEN_K)
+        wg = _load_f32(wg_ptrs, k_ok[:, None], EVEN_K)
+        wu = _load_f32(wu_ptrs, k_ok[:, None], EVEN_K)
         acc_g = tl.dot(a, wg, acc_g, input_precision=PRECISION)
         acc_u = tl.dot(a, wu, acc_u, input_precision=PRECISION)
         x_ptrs += BLOCK_K * sxk
@@ -483,23 +489,15 @@ def _gemm_sum_kernel(a_ptr, b_ptr, a2_ptr, b2_ptr, c_ptr, M, N, K, sam, sak, sbk
         a2_ptrs = a2_ptr + rm[:, None] * sa2m + offs_k[None, :] * sa2k
         b2_ptrs = b2_ptr + rn[None, :] * sb2n + offs_k[:, None] * sb2k
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs).to(tl.float32)
-            b = tl.load(b_ptrs).to(tl.float32)
-        else:
-            k_ok = offs_k < K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
-            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0).to(tl.float32)
+        k_ok = offs_k < K - k * BLOCK_K
+        a = _load_f32(a_ptrs, k_ok[None, :], EVEN_K)
+        b = _load_f32(b_ptrs, k_ok[:, None], EVEN_K)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * sak
         b_ptrs += BLOCK_K * sbk
         if TWO:
-            if EVEN_K:
-                a2 = tl.load(a2_ptrs).to(tl.float32)
-                b2 = tl.load(b2_ptrs).to(tl.float32)
-            else:
-                a2 = tl.load(a2_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
-                b2 = tl.load(b2_ptrs, mask=k_ok[:, None], other=0.0).to(tl.float32)
+            a2 = _load_f32(a2_ptrs, k_ok[None, :], EVEN_K)
+            b2 = _load_f32(b2_ptrs, k_ok[:, None], EVEN_K)
             acc = tl.dot(a2, b2, acc, input_precision=PRECISION)
             a2_ptrs += BLOCK_K * sa2k
             b2_ptrs += BLOCK_K * sb2k
