@@ -40,6 +40,38 @@ def make_ids(shape, V, pick, dtype, gen):
     return flat.reshape(shape).to(IDS[dtype])
 
 
+def case_ids(case, gen, device):
+    """The ids of a case: shape case.shape[:-1], drawn by its params; `ids_layout` "transposed"
+    gives ids of two or more dims column-major strides."""
+    ids = make_ids(tuple(case.shape[:-1]), case.param("vocab", 50), case.param("pick", "random"),
+                   case.param("ids", "int64"), gen)
+    if ids.dim() >= 2 and case.param("ids_layout", "contiguous") == "transposed":
+        ids = ids.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return ids.to(device)
+
+
+def hidden_sizes(size):
+    """Hypothesis strategy for the feature dim H of a random case."""
+    return (st.one_of(st.integers(1, 80), st.sampled_from((127, 128, 129, 257))) if size == "small"
+            else st.one_of(st.integers(1, 300), st.sampled_from((1024, 4096, 4097))))
+
+
+def shared_pinned(case):
+    """The pinned cases of both passes: widths around the tiles, ids 0 and V - 1, ids of several
+    dims and layouts, the table's (or dout's) other layouts, the tiled config's edges, no tokens
+    or no features, and 0-d ids (one id, a row [H])."""
+    out = [case((5, d), seed=d) for d in (1, 3, 63, 65, 4097)]
+    out += [case((6, 33), pick="edges", vocab=v) for v in (1, 2, 50)]
+    out += [case((2, 3, 4, 24), ids=i, seed=4) for i in IDS]
+    out += [case((3, 5, 24), ids=i, ids_layout="transposed", seed=5) for i in IDS]
+    out += [case((7, 65), layout=lay, seed=6) for lay in TABLE_LAYOUTS if lay != "contiguous"]
+    out += [case((7, 65), layout=lay, ids="int32", config="tiled", seed=6) for lay in ("transposed", "sliced")]
+    out += [case((2, d), config="tiled", seed=d) for d in (TILE - 1, TILE, TILE + 1)]
+    out += [case((0, 16)), case((2, 0, 16)), case((4, 0))]
+    out += [case((4,), vocab=3)]
+    return out
+
+
 class Embedding(Op):
     name = "embedding"
     outputs = ("out",)
@@ -47,13 +79,9 @@ class Embedding(Op):
 
     def inputs(self, case, device):
         gen = case.generator()
-        *ids_shape, H = case.shape
-        V = case.param("vocab", 50)
-        table = make_input((V, H), case.dtype, gen, device, values=case.values, layout=case.layout)
-        ids = make_ids(tuple(ids_shape), V, case.param("pick", "random"), case.param("ids", "int64"), gen)
-        if ids.dim() >= 2 and case.param("ids_layout", "contiguous") == "transposed":
-            ids = ids.transpose(-1, -2).contiguous().transpose(-1, -2)
-        return {"ids": ids.to(device), "table": table}
+        table = make_input((case.param("vocab", 50), case.shape[-1]), case.dtype, gen, device, values=case.values,
+                           layout=case.layout)
+        return {"ids": case_ids(case, gen, device), "table": table}
 
     def output_shapes(self, inputs):
         return {"out": (*inputs["ids"].shape, inputs["table"].shape[1])}
@@ -70,8 +98,7 @@ class Embedding(Op):
     def cases(self, dtype, size, config):
         @st.composite
         def draw_case(draw):
-            H = draw(st.one_of(st.integers(1, 80), st.sampled_from((127, 128, 129, 257))) if size == "small"
-                     else st.one_of(st.integers(1, 300), st.sampled_from((1024, 4096, 4097))))
+            H = draw(hidden_sizes(size))
             max_tokens = 16 if size == "small" else 4096
             ids_shape = draw(lead_shapes(max_tokens, max_dims=3, min_dims=1))
             params = {"vocab": draw(st.sampled_from((1, 7, 50, 1000))),
@@ -86,18 +113,10 @@ class Embedding(Op):
     def pinned(self, dtype):
         def case(shape, seed=0, **kw):
             return Case.make(self.name, dtype, shape, seed=seed, **kw)
-        out = [case((5, d), seed=d) for d in (1, 3, 63, 65, 4097)]
-        out += [case((6, 33), pick="edges", vocab=v) for v in (1, 2, 50)]     # id 0 and V - 1
+        out = shared_pinned(case)
         out += [case((9, 40), pick="repeated")]
-        out += [case((2, 3, 4, 24), ids=i, seed=4) for i in IDS]              # ids of several dims
-        out += [case((3, 5, 24), ids=i, ids_layout="transposed", seed=5) for i in IDS]
-        out += [case((7, 65), layout=lay, seed=6) for lay in TABLE_LAYOUTS if lay != "contiguous"]
-        out += [case((7, 65), layout=lay, ids="int32", config="tiled", seed=6) for lay in ("transposed", "sliced")]
-        out += [case((2, d), config="tiled", seed=d) for d in (TILE - 1, TILE, TILE + 1)]
-        out += [case((0, 16)), case((2, 0, 16)), case((4, 0))]                 # no tokens; no features
         out += [case((6, 65), values=v, seed=8) for v in TABLE_REGIMES if v != "normal"]
         out += [case((70, 8), vocab=1000, seed=9)]                             # several token blocks
-        out += [case((4,), vocab=3)]                                          # 0-d ids: one id, out [H]
         return out
 
 
@@ -112,12 +131,9 @@ class EmbeddingBackward(Embedding):
 
     def inputs(self, case, device):
         gen = case.generator()
-        ids = make_ids(tuple(case.shape[:-1]), case.param("vocab", 50), case.param("pick", "random"),
-                       case.param("ids", "int64"), gen)
-        if ids.dim() >= 2 and case.param("ids_layout", "contiguous") == "transposed":
-            ids = ids.transpose(-1, -2).contiguous().transpose(-1, -2)
+        ids = case_ids(case, gen, device)
         dout = make_input(case.shape, case.dtype, gen, device, values=case.param("grad", "normal"), layout=case.layout)
-        return {"dout": dout, "ids": ids.to(device), "num_embeddings": case.param("vocab", 50)}
+        return {"dout": dout, "ids": ids, "num_embeddings": case.param("vocab", 50)}
 
     def output_shapes(self, inputs):
         return {"dtable": (inputs["num_embeddings"], inputs["dout"].shape[-1])}
@@ -143,8 +159,7 @@ class EmbeddingBackward(Embedding):
     def cases(self, dtype, size, config):
         @st.composite
         def draw_case(draw):
-            H = draw(st.one_of(st.integers(1, 80), st.sampled_from((127, 128, 129, 257))) if size == "small"
-                     else st.one_of(st.integers(1, 300), st.sampled_from((1024, 4096, 4097))))
+            H = draw(hidden_sizes(size))
             max_tokens = 64 if size == "small" else 8192
             ids_shape = draw(lead_shapes(max_tokens, max_dims=3, min_dims=1))
             params = {"vocab": draw(st.sampled_from((1, 7, 50, 1000) if config == "auto" else (1, 7, 50))),
@@ -159,17 +174,9 @@ class EmbeddingBackward(Embedding):
     def pinned(self, dtype):
         def case(shape, seed=0, **kw):
             return Case.make(self.name, dtype, shape, seed=seed, **kw)
-        out = [case((5, d), seed=d) for d in (1, 3, 63, 65, 4097)]
-        out += [case((6, 33), pick="edges", vocab=v) for v in (1, 2, 50)]     # id 0 and V - 1
+        out = shared_pinned(case)
         out += [case((9, 40), pick="repeated"), case((9, 40), pick="same")]
-        out += [case((2, 3, 4, 24), ids=i, seed=4) for i in IDS]              # ids of several dims
-        out += [case((3, 5, 24), ids=i, ids_layout="transposed", seed=5) for i in IDS]
-        out += [case((7, 65), layout=lay, seed=6) for lay in ("transposed", "sliced", "broadcast", "offset")]
         out += [case((2, 3, 7, 33), layout="permuted", seed=6)]               # dout's leading dims permuted
-        out += [case((7, 65), layout=lay, ids="int32", config="tiled", seed=6) for lay in ("transposed", "sliced")]
-        out += [case((2, d), config="tiled", seed=d) for d in (TILE - 1, TILE, TILE + 1)]
-        out += [case((0, 16)), case((2, 0, 16)), case((4, 0))]                 # no tokens; no features
-        out += [case((4,), vocab=3)]                                          # 0-d ids: one id, dout [H]
         out += [case((8, 24), vocab=1000, seed=7)]                            # most rows untouched: zeros
         # dout: rows of zeros, huge, NaN and infinities (only the rows of their ids turn non-finite).
         out += [case((12, 33), grad=g, vocab=7, seed=8) for g in ("zero_rows", "large", "nonfinite")]
