@@ -249,6 +249,20 @@ GRAD_CHUNK = 4096
 
 
 @triton.jit
+def _group_tile(tile, n_rows, BLOCK_M: tl.constexpr):
+    """(rows, row_ok) of row tile `tile` (int64) of a program's group."""
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    return rows, rows < n_rows
+
+
+@triton.jit
+def _add_column_sums(acc, comp, v, mask):
+    """A tile's column sums of v (masked lanes left out: padding rows can hold NaN) added to the
+    program's compensated per-column partial."""
+    return kahan_add(acc, comp, tl.sum(tl.where(mask, v, 0.0), axis=0))
+
+
+@triton.jit
 def _load_u(x_ptr, r_ptr, x_row, r_row, cols, row_ok, D, xsd, rsd, HAS_RESIDUAL: tl.constexpr):
     """The rows the norm saw, as fp32: x, or (add_rmsnorm) u = x + residual rounded to x's
     dtype exactly as the forward kernel rounds it."""
@@ -290,8 +304,7 @@ def _rmsnorm_backward_kernel(x_ptr, r_ptr, w_ptr, dy_ptr, du_ptr, dx_ptr, dr_ptr
         dw = tl.zeros([BLOCK_D], dtype=tl.float32)
         dw_comp = tl.zeros([BLOCK_D], dtype=tl.float32)
         for tile in range(tiles_per_program):
-            rows = (first + tile) * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < n_rows
+            rows, row_ok = _group_tile(first + tile, n_rows, BLOCK_M)
             u, mask = _load_u(x_ptr, r_ptr, row_offsets(rows, n1, n2, xs0, xs1, xs2),
                               row_offsets(rows, n1, n2, rs0, rs1, rs2), cols, row_ok, D, xsd, rsd, HAS_RESIDUAL)
             dy, _ = load_tile(dy_ptr, row_offsets(rows, n1, n2, ys0, ys1, ys2), cols, row_ok, D, ysd, 0.0)
@@ -301,14 +314,12 @@ def _rmsnorm_backward_kernel(x_ptr, r_ptr, w_ptr, dy_ptr, du_ptr, dx_ptr, dr_ptr
             xhat = u * rstd
             _store_dx((g - xhat * proj) * rstd, du_ptr, dx_ptr, dr_ptr, row_offsets(rows, n1, n2, us0, us1, us2),
                       (rows * D)[:, None], cols, row_ok, mask, D, usd, HAS_DU, HAS_DR)
-            # Padding rows can hold NaN (rstd of a zero row with eps 0): they must not reach dw.
-            dw, dw_comp = kahan_add(dw, dw_comp, tl.sum(tl.where(mask, dy * xhat, 0.0), axis=0))
+            dw, dw_comp = _add_column_sums(dw, dw_comp, dy * xhat, mask)
         tl.store(part_row + cols, dw, mask=cols < D)
     else:
         # Pass 1, row by row: rstd and mean(g xhat), into stats [n_rows, 2].
         for tile in range(tiles_per_program):
-            rows = (first + tile) * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < n_rows
+            rows, row_ok = _group_tile(first + tile, n_rows, BLOCK_M)
             x_row = row_offsets(rows, n1, n2, xs0, xs1, xs2)
             r_row = row_offsets(rows, n1, n2, rs0, rs1, rs2)
             y_row = row_offsets(rows, n1, n2, ys0, ys1, ys2)
@@ -336,8 +347,7 @@ def _rmsnorm_backward_kernel(x_ptr, r_ptr, w_ptr, dy_ptr, du_ptr, dx_ptr, dr_ptr
             dw = tl.zeros([BLOCK_D], dtype=tl.float32)
             dw_comp = tl.zeros([BLOCK_D], dtype=tl.float32)
             for tile in range(tiles_per_program):
-                rows = (first + tile) * BLOCK_M + tl.arange(0, BLOCK_M)
-                row_ok = rows < n_rows
+                rows, row_ok = _group_tile(first + tile, n_rows, BLOCK_M)
                 rstd = tl.load(stats_ptr + rows * 2, mask=row_ok, other=0.0)[:, None]
                 proj = tl.load(stats_ptr + rows * 2 + 1, mask=row_ok, other=0.0)[:, None]
                 u, mask = _load_u(x_ptr, r_ptr, row_offsets(rows, n1, n2, xs0, xs1, xs2),
@@ -347,7 +357,7 @@ def _rmsnorm_backward_kernel(x_ptr, r_ptr, w_ptr, dy_ptr, du_ptr, dx_ptr, dr_ptr
                 _store_dx((dy * w - xhat * proj) * rstd, du_ptr, dx_ptr, dr_ptr,
                           row_offsets(rows, n1, n2, us0, us1, us2), (rows * D)[:, None], c, row_ok, mask, D, usd,
                           HAS_DU, HAS_DR)
-                dw, dw_comp = kahan_add(dw, dw_comp, tl.sum(tl.where(mask, dy * xhat, 0.0), axis=0))
+                dw, dw_comp = _add_column_sums(dw, dw_comp, dy * xhat, mask)
             tl.store(part_row + c, dw, mask=c < D)
 
 
@@ -371,8 +381,7 @@ def _layernorm_backward_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, db_par
         db = tl.zeros([BLOCK_D], dtype=tl.float32)
         db_comp = tl.zeros([BLOCK_D], dtype=tl.float32)
         for tile in range(tiles_per_program):
-            rows = (first + tile) * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < n_rows
+            rows, row_ok = _group_tile(first + tile, n_rows, BLOCK_M)
             x_row = row_offsets(rows, n1, n2, xs0, xs1, xs2)
             shift = tl.load(x_ptr + x_row, mask=row_ok, other=0.0).to(tl.float32)[:, None]
             x, mask = load_tile(x_ptr, x_row, cols, row_ok, D, xsd, 0.0)
@@ -390,9 +399,9 @@ def _layernorm_backward_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, db_par
             dx = (g - mean_g - xhat * proj) * rstd
             tl.store(dx_ptr + (rows * D)[:, None] + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
             if HAS_W:
-                dw, dw_comp = kahan_add(dw, dw_comp, tl.sum(tl.where(mask, dy * xhat, 0.0), axis=0))
+                dw, dw_comp = _add_column_sums(dw, dw_comp, dy * xhat, mask)
             if HAS_B:
-                db, db_comp = kahan_add(db, db_comp, tl.sum(tl.where(mask, dy, 0.0), axis=0))
+                db, db_comp = _add_column_sums(db, db_comp, dy, mask)
         if HAS_W:
             tl.store(dw_row + cols, dw, mask=cols < D)
         if HAS_B:
@@ -401,8 +410,7 @@ def _layernorm_backward_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, db_par
         # Pass 1, row by row: the mean of x - x[0]; then rstd, mean(g) and mean(g xhat), into
         # stats [n_rows, 4].
         for tile in range(tiles_per_program):
-            rows = (first + tile) * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < n_rows
+            rows, row_ok = _group_tile(first + tile, n_rows, BLOCK_M)
             x_row = row_offsets(rows, n1, n2, xs0, xs1, xs2)
             y_row = row_offsets(rows, n1, n2, ys0, ys1, ys2)
             shift = tl.load(x_ptr + x_row, mask=row_ok, other=0.0).to(tl.float32)[:, None]
@@ -447,8 +455,7 @@ def _layernorm_backward_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, db_par
             db = tl.zeros([BLOCK_D], dtype=tl.float32)
             db_comp = tl.zeros([BLOCK_D], dtype=tl.float32)
             for tile in range(tiles_per_program):
-                rows = (first + tile) * BLOCK_M + tl.arange(0, BLOCK_M)
-                row_ok = rows < n_rows
+                rows, row_ok = _group_tile(first + tile, n_rows, BLOCK_M)
                 x_row = row_offsets(rows, n1, n2, xs0, xs1, xs2)
                 shift = tl.load(x_ptr + x_row, mask=row_ok, other=0.0).to(tl.float32)[:, None]
                 mean = tl.load(stats_ptr + rows * 4, mask=row_ok, other=0.0)[:, None]
@@ -465,9 +472,9 @@ def _layernorm_backward_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, db_par
                 dx = (g - mean_g - xhat * proj) * rstd
                 tl.store(dx_ptr + (rows * D)[:, None] + c[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
                 if HAS_W:
-                    dw, dw_comp = kahan_add(dw, dw_comp, tl.sum(tl.where(mask, dy * xhat, 0.0), axis=0))
+                    dw, dw_comp = _add_column_sums(dw, dw_comp, dy * xhat, mask)
                 if HAS_B:
-                    db, db_comp = kahan_add(db, db_comp, tl.sum(tl.where(mask, dy, 0.0), axis=0))
+                    db, db_comp = _add_column_sums(db, db_comp, dy, mask)
             if HAS_W:
                 tl.store(dw_row + c, dw, mask=c < D)
             if HAS_B:
