@@ -16,24 +16,11 @@ SOFTMAX_REGIMES = ("normal", "large", "tiny", "constant", "outlier", "nonfinite"
 CHUNK = 16
 
 
-class Softmax(Op):
-    name = "softmax"
+class _SoftmaxCases(Op):
+    """The cases both passes draw (the backward's own calls are in its class alone: the mutation
+    tool maps an op to the kernels its class's methods name, so neither class names the other's)."""
     configs = {"auto": {}, "chunked": {"block_cols": CHUNK}}
     grads = False       # the backward op's cases draw an upstream gradient regime too
-
-    def inputs(self, case, device):
-        gen = case.generator()
-        x = make_input(case.shape, case.dtype, gen, device, values=case.values, layout=case.layout)
-        return {"x": x, "scale": case.param("scale", 1.0), "causal": case.param("causal", False)}
-
-    def kernel(self, inp, out, **config):
-        return (kernels.softmax(inp["x"], inp["scale"], inp["causal"], out=out["y"], **config),)
-
-    def reference(self, inp):
-        return (references.softmax(inp["x"], inp["scale"], inp["causal"]),)
-
-    def oracle(self, inp):
-        return (oracles.softmax(inp["x"], inp["scale"], inp["causal"]),)
 
     def cases(self, dtype, size, config):
         @st.composite
@@ -71,7 +58,25 @@ class Softmax(Op):
         return out
 
 
-class SoftmaxBackward(Softmax):
+class Softmax(_SoftmaxCases):
+    name = "softmax"
+
+    def inputs(self, case, device):
+        gen = case.generator()
+        x = make_input(case.shape, case.dtype, gen, device, values=case.values, layout=case.layout)
+        return {"x": x, "scale": case.param("scale", 1.0), "causal": case.param("causal", False)}
+
+    def kernel(self, inp, out, **config):
+        return (kernels.softmax(inp["x"], inp["scale"], inp["causal"], out=out["y"], **config),)
+
+    def reference(self, inp):
+        return (references.softmax(inp["x"], inp["scale"], inp["causal"]),)
+
+    def oracle(self, inp):
+        return (oracles.softmax(inp["x"], inp["scale"], inp["causal"]),)
+
+
+class SoftmaxBackward(_SoftmaxCases):
     """dx from dy and the forward's output y. A case's value regime and layout are the logits x's;
     y is the float64 softmax of x rounded to the dtype (on the CPU, so a case is the same on every
     machine), NaN in the columns a causal mask hides (which the backward must ignore), stored in the
