@@ -38,6 +38,7 @@ REGIMES = (
     "nonfinite",   # N(0, 1) with a few NaN, +inf, -inf
     "neginf",      # 3 N(0, 1) with a quarter of entries -inf and the first row all -inf
     "zero",        # all zeros (AdamW: zero gradients)
+    "zero_rows",   # N(0, 1) with every other row (0, 2, ...) zero (upstream gradients that skip rows)
 )
 LARGE = {"float32": 1e15, "bfloat16": 1e15, "float16": 1e4}
 TINY = {"float32": 1e-39, "bfloat16": 1e-39, "float16": 1e-6}
@@ -135,6 +136,9 @@ def sample(shape, regime: str, dtype: str, gen: torch.Generator) -> torch.Tensor
         return x
     if regime == "zero":
         return torch.zeros_like(x)
+    if regime == "zero_rows":
+        rows[0::2] = 0
+        return x
     if regime == "neginf":
         x = 3 * x
         x[torch.rand(shape, generator=gen) < 0.25] = -math.inf
@@ -196,3 +200,7 @@ def make_param(shape, dtype: str, gen: torch.Generator, device, *, mean=0.0, std
     storage[0::2] = v.reshape(-1)
     return storage.to(device)[0::2].view(shape)
 
+
+# Value regimes of the upstream gradient dy of a backward op (its case param "grad"; the case's
+# value regime stays the forward input's).
+GRAD_REGIMES = ("normal", "zero_rows", "large", "nonfinite")

@@ -86,11 +86,20 @@ GAPS = (
         reason="Triton 3.6's interpreter fails on loops with a runtime bound under NumPy >= 2.5",
         link="FIELD-NOTES.md, Triton's interpreter",
         configs=("chunked",), min_versions=(("numpy", "2.5"),), max_versions=(("triton", "3.7"),)),
+    Gap(id="interp-runtime-loop-numpy25-grads", backend="interpreter",
+        reason="Triton 3.6's interpreter fails on loops with a runtime bound under NumPy >= 2.5, and every "
+               "configuration of the norms' backward kernels loops over its program's row tiles (the gap of "
+               "interp-runtime-loop-numpy25, not seen here: Triton 3.9 runs them)",
+        link="kernels/norms.py (the row-tile loops); as interp-runtime-loop-numpy25",
+        ops=("rmsnorm_backward", "layernorm_backward", "add_rmsnorm_backward"),
+        min_versions=(("numpy", "2.5"),), max_versions=(("triton", "3.7"),)),
     Gap(id="interp-bf16-subnormal-load", backend="interpreter",
         reason="the interpreter's bf16 -> fp32 conversion renormalises bf16 subnormals with fp16-style "
                "exponent arithmetic and returns wrong values (1.0e-39 reads as 4.4e-39); exact on the GPU",
         link="triton/runtime/interpreter.py, _convert_float (Triton 3.9)",
-        ops=("rmsnorm", "add_rmsnorm", "rmsnorm_rope", "rope", "quantize_fp8", "moe_route"), dtypes=("bfloat16",),
+        ops=("rmsnorm", "add_rmsnorm", "rmsnorm_rope", "rope", "quantize_fp8", "moe_route", "rmsnorm_backward",
+             "layernorm_backward", "add_rmsnorm_backward", "rope_backward", "rmsnorm_rope_backward", "swiglu_backward"),
+        dtypes=("bfloat16",),
         values=("tiny",)),
     # tl.dot on fp8 operands: the interpreter widens them to fp16 with generic bit arithmetic
     # (_convert_float) that knows neither e4m3fn's NaN nor e5m2's subnormals (e5m2 and fp16 share

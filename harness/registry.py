@@ -14,17 +14,26 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rmsnorm": ("harness.ops.norms", FLOATS),
     "layernorm": ("harness.ops.norms", FLOATS),
     "add_rmsnorm": ("harness.ops.norms", FLOATS),
+    "rmsnorm_backward": ("harness.ops.norms", FLOATS),     # (dx, dw) of rmsnorm for an upstream dy
+    "layernorm_backward": ("harness.ops.norms", FLOATS),   # (dx[, dw][, db]) of layernorm
+    "add_rmsnorm_backward": ("harness.ops.norms", FLOATS),  # (dx, dresidual, dw) of add_rmsnorm for dy and du
     "rope": ("harness.ops.rope", FLOATS),
     "rmsnorm_rope": ("harness.ops.rope", FLOATS),
+    "rope_backward": ("harness.ops.rope", FLOATS),
+    "rmsnorm_rope_backward": ("harness.ops.rope", FLOATS),
     "softmax": ("harness.ops.softmax", FLOATS),
+    "softmax_backward": ("harness.ops.softmax", FLOATS),
     "flash_attention": ("harness.ops.attention", FLOATS),
     "decode_attention": ("harness.ops.attention", FLOATS),
     "mla_decode": ("harness.ops.mla", FLOATS),
     "adamw": ("harness.ops.adamw", ("float32", "bfloat16")),
     "bias_gelu": ("harness.ops.activations", FLOATS),
+    "bias_gelu_backward": ("harness.ops.activations", FLOATS),
     "embedding": ("harness.ops.embedding", FLOATS),     # the dtype is the table's
+    "embedding_backward": ("harness.ops.embedding", FLOATS),    # the dtype is dout's (the table's)
     "matmul": ("harness.ops.gemm", FLOATS),
     "swiglu": ("harness.ops.gemm", FLOATS),
+    "swiglu_backward": ("harness.ops.gemm", FLOATS),
     "quantize_fp8": ("harness.ops.fp8", FLOATS),    # the dtype is x's; the fp8 format is a case param
     "fp8_matmul": ("harness.ops.fp8", FLOATS),      # the dtype is the output's
     "fp8_matmul_fast_accum": ("harness.ops.fp8", FLOATS),   # fp8_matmul(..., fast_accum=True)

@@ -1,5 +1,6 @@
 """Device-side helpers shared by the kernels: row offsets and tiles (norms, softmax), Kahan
-sums, activations, and the grouped tile order of the GEMMs (matmul, swiglu, fp8_matmul)."""
+sums, activations and their derivatives, and the grouped tile order of the GEMMs (matmul, swiglu,
+fp8_matmul)."""
 import triton
 import triton.language as tl
 
@@ -50,6 +51,43 @@ def activate(z, ACT: tl.constexpr):
     elif ACT == "relu":
         z = tl.where(z < 0.0, 0.0, z)       # NaN stays NaN (a max() might drop it)
     return z
+
+
+@triton.jit
+def _sigmoid_and_slope(v):
+    """(sigmoid(v), sigmoid(v) (1 - sigmoid(v))) of an fp32 tile, from t = exp(-|v|): no overflow
+    and no 1 - sigmoid cancellation at either end (v = +-inf gives (1, 0) and (0, 0))."""
+    t = tl.exp(-tl.abs(v))
+    inv = 1.0 / (1.0 + t)
+    return tl.where(v >= 0, inv, t * inv), t * inv * inv
+
+
+@triton.jit
+def activation_grad(z, ACT: tl.constexpr):
+    """The derivative act'(z) of activate(z, ACT) on an fp32 tile, at infinities its limit (1 or 0;
+    relu'(0) = 0 as in PyTorch), NaN at NaN ("none": 1 everywhere).
+    gelu: Phi(z) + z phi(z), Phi = 0.5 (1 + erf(z / sqrt 2)) (which cancels for z below about -3:
+    an absolute error of ~2^-25, as in the forward), phi(z) = exp(-z^2 / 2) / sqrt(2 pi).
+    gelu_tanh: gelu_tanh(z) = z sigmoid(2u), u = sqrt(2/pi) (z + 0.044715 z^3), so its derivative is
+    sigmoid(2u) + 2 z u' sigmoid(2u) (1 - sigmoid(2u)), u' = sqrt(2/pi) (1 + 3 * 0.044715 z^2).
+    silu: sigmoid(z) + z sigmoid(z) (1 - sigmoid(z)). Where the slope term sigmoid (1 - sigmoid)
+    is 0 (huge |z|) its factor may be infinite: the term is taken as 0 there."""
+    if ACT == "gelu":
+        pdf_term = tl.where(tl.abs(z) == float("inf"), 0.0, z * (tl.exp(-0.5 * z * z) * 0.3989422804014327))
+        g = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476)) + pdf_term
+    elif ACT == "gelu_tanh":
+        u = 0.7978845608028654 * (z + 0.044715 * (z * z * z))
+        s, slope = _sigmoid_and_slope(2.0 * u)
+        du = 0.7978845608028654 * (1.0 + 0.134145 * (z * z))
+        g = tl.where(slope == 0.0, s, s + (2.0 * z * du) * slope)
+    elif ACT == "silu":
+        s, slope = _sigmoid_and_slope(z)
+        g = tl.where(slope == 0.0, s, s + z * slope)
+    elif ACT == "relu":
+        g = tl.where(z > 0.0, 1.0, tl.where(z == z, 0.0, z))
+    else:
+        g = tl.zeros_like(z) + 1.0
+    return g
 
 
 @triton.jit

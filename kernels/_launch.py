@@ -160,6 +160,17 @@ def leading_layout(lead_shape, *tensors_strides, max_dims: int = 3):
     return sizes[1], sizes[2], [tuple(s) for s in strides]
 
 
+def check_count(name: str, value, *, power_of_two: bool = False) -> None:
+    """A tiling override (block_rows, row_groups, ...): None, or an int >= 1 (a power of two where
+    asked). TypeError for a non-int, ValueError for a bad int; the message names the argument."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 1 or (power_of_two and value & (value - 1)):
+        raise ValueError(f"{name}: expected {'a power of two' if power_of_two else 'an int'} >= 1, got {value}")
+
+
 def row_tile(n_cols: int, block_cols: int | None = None, target: int = 2048):
     """Pick (BLOCK_M, BLOCK_N, single_pass, num_warps) for a kernel that reduces along rows.
 

@@ -17,6 +17,11 @@ Limits: gelu(+inf) = +inf, gelu(-inf) = -0 (x Phi(x) -> 0), NaN stays NaN, for b
 Leading dims of any strides are collapsed where the layout allows and addressed through up to
 three (size, stride) pairs (as the row kernels do); the feature dim has its own stride. The
 output is contiguous.
+
+The backward pass (bias_gelu_backward) gives dy = dout * gelu'(y + bias) (rounded once) and dbias,
+the column sums of those fp32 products over every row (rounded once), reduced deterministically:
+each program sums a fixed group of row tiles, and the groups are added in order (kernels/_reduce.py).
+BiasGeluFunction wraps both passes for autograd.
 """
 from __future__ import annotations
 
@@ -24,9 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._device import activate, row_offsets
-from kernels._launch import (check_same_device, check_same_dtype, check_shape, check_tensor,
+from kernels._device import activate, activation_grad, kahan_add, row_offsets
+from kernels._launch import (check_count, check_same_device, check_same_dtype, check_shape, check_tensor,
                              leading_layout, new_out)
+from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
 
 APPROXIMATIONS = ("none", "tanh")
 _MAX_BLOCK_N = 1024
@@ -85,15 +91,19 @@ def _tile(n_cols: int, block_cols: int | None, approximate: str = "none"):
     return block_m, block_n, num_warps
 
 
-def bias_gelu(y: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none", *,
-              out: torch.Tensor | None = None, block_cols: int | None = None) -> torch.Tensor:
-    """gelu(y + bias) over the last dim of y[..., N]; bias [N] optional; fp32 math, one rounding."""
-    check_tensor("y", y, min_ndim=1)
+def _check_bias_approximate(y, bias, approximate):
     if not isinstance(approximate, str) or approximate not in APPROXIMATIONS:
         raise ValueError(f"approximate: expected one of {', '.join(map(repr, APPROXIMATIONS))}, got {approximate!r}")
     if bias is not None:
         check_tensor("bias", bias, ndim=1)
         check_shape("bias", bias, (y.shape[-1],))
+
+
+def bias_gelu(y: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none", *,
+              out: torch.Tensor | None = None, block_cols: int | None = None) -> torch.Tensor:
+    """gelu(y + bias) over the last dim of y[..., N]; bias [N] optional; fp32 math, one rounding."""
+    check_tensor("y", y, min_ndim=1)
+    _check_bias_approximate(y, bias, approximate)
     check_same_device(y=y, bias=bias, out=out)
     check_same_dtype(y=y, bias=bias)
     out = new_out(out, y.shape, y.dtype, y.device)
@@ -116,3 +126,102 @@ def bias_gelu(y: torch.Tensor, bias: torch.Tensor | None = None, approximate: st
         CONTIGUOUS=contiguous, EVEN=n_rows % block_m == 0 and N % block_n == 0,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return out
+
+
+@triton.jit
+def _bias_gelu_backward_kernel(dout_ptr, y_ptr, b_ptr, dy_ptr, part_ptr, n_rows, N, n1, n2,
+                               ds0, ds1, ds2, dsn, ys0, ys1, ys2, ysn, bs, tiles_per_group,
+                               HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr):
+    """One program: the row tiles of group program_id(0), columns of block program_id(1). Writes dy
+    and, with a bias, the group's fp32 column sums of dy into row program_id(0) of the partials."""
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols * bs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        comp = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    first = tl.program_id(0).to(tl.int64) * tiles_per_group
+    for t in range(0, tiles_per_group):
+        rows = (first + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < n_rows)[:, None] & col_ok[None, :]
+        d_off = row_offsets(rows, n1, n2, ds0, ds1, ds2)[:, None] + cols[None, :].to(tl.int64) * dsn
+        y_off = row_offsets(rows, n1, n2, ys0, ys1, ys2)[:, None] + cols[None, :].to(tl.int64) * ysn
+        dout = tl.load(dout_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(y_ptr + y_off, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            x = x + b
+        d = dout * activation_grad(x, ACT)        # ACT: "gelu" or "gelu_tanh"
+        tl.store(dy_ptr + (rows * N)[:, None] + cols[None, :], d.to(dy_ptr.dtype.element_ty), mask=mask)
+        if HAS_BIAS:
+            acc, comp = kahan_add(acc, comp, tl.where(mask, d, 0.0))
+    if HAS_BIAS:
+        tl.store(part_ptr + tl.program_id(0).to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=col_ok)
+
+
+def bias_gelu_backward(dout: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = None,
+                       approximate: str = "none", *, out_dy: torch.Tensor | None = None,
+                       out_dbias: torch.Tensor | None = None, block_cols: int | None = None,
+                       block_rows: int | None = None, row_groups: int | None = None):
+    """(dy, dbias) of out = gelu(y + bias) (bias [N] optional) for the upstream gradient dout (y's
+    shape): dy = dout * gelu'(y + bias) and dbias = the sum of dy over all rows (fp32 products,
+    a deterministic fp32 sum, one rounding each); dbias is None without a bias.
+    block_cols / block_rows / row_groups force the tiling (tests)."""
+    check_tensor("dout", dout, min_ndim=1)
+    check_tensor("y", y)
+    check_shape("y", y, dout.shape)
+    _check_bias_approximate(y, bias, approximate)
+    check_same_device(dout=dout, y=y, bias=bias, out_dy=out_dy, out_dbias=out_dbias)
+    check_same_dtype(dout=dout, y=y, bias=bias)
+    check_count("block_rows", block_rows, power_of_two=True)
+    check_row_groups(row_groups)
+    N = dout.shape[-1]
+    out_dy = new_out(out_dy, dout.shape, dout.dtype, dout.device, "out_dy")
+    if bias is not None:
+        out_dbias = new_out(out_dbias, (N,), dout.dtype, dout.device, "out_dbias")
+    elif out_dbias is not None:
+        raise ValueError("out_dbias: expected None: there is no bias, so no dbias")
+    n_rows = dout.numel() // N if N else 0
+    if N == 0:
+        return out_dy, out_dbias
+    if n_rows == 0:
+        if bias is not None:
+            out_dbias.zero_()             # a sum over no rows
+        return out_dy, out_dbias
+    lead = tuple(dout.shape[:-1])
+    layout = leading_layout(lead, dout.stride()[:-1], y.stride()[:-1])
+    if layout is None:
+        dout, y = dout.contiguous(), y.contiguous()
+        layout = leading_layout(lead, dout.stride()[:-1], y.stride()[:-1])
+    n1, n2, (dstrides, ystrides) = layout
+    block_m, block_n, num_warps = _tile(N, block_cols, approximate)
+    if block_rows is not None:
+        block_m = block_rows
+    n_col_blocks = triton.cdiv(N, block_n)
+    n_groups, per_group = plan_row_groups(n_rows, block_m, n_col_blocks, row_groups)
+    part = partials(n_groups, N, dout.device, "dbias_partials") if bias is not None else out_dy
+    _bias_gelu_backward_kernel[(n_groups, n_col_blocks)](
+        dout, y, bias if bias is not None else y, out_dy, part, n_rows, N, n1, n2, *dstrides, dout.stride(-1),
+        *ystrides, y.stride(-1), bias.stride(0) if bias is not None else 0, per_group,
+        HAS_BIAS=bias is not None, ACT="gelu_tanh" if approximate == "tanh" else "gelu",
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    if bias is not None:
+        sum_row_groups(part, out_dbias)
+    return out_dy, out_dbias
+
+
+class BiasGeluFunction(torch.autograd.Function):
+    """gelu(y + bias) with the kernels of this module for both passes; the forward saves its
+    inputs (the backward recomputes y + bias)."""
+
+    @staticmethod
+    def forward(ctx, y, bias=None, approximate="none"):
+        ctx.save_for_backward(y, bias)
+        ctx.approximate = approximate
+        return bias_gelu(y, bias, approximate)
+
+    @staticmethod
+    def backward(ctx, dout):
+        y, bias = ctx.saved_tensors
+        dy, dbias = bias_gelu_backward(dout, y, bias, ctx.approximate)
+        return dy, dbias, None

@@ -15,6 +15,16 @@ back after the launch (one 4-byte copy, the call's only host sync) and raises a 
 `ids` and their range if it is not 0, "deferred" raises it later without a sync. (The earlier
 host check, min and max before the launch, cost two reductions and exposed the launch latency:
 37% of copy at 32768 ids x 1536 on the H200 against 57%.)
+
+The backward pass (embedding_backward) sums the upstream gradient's rows into the table's:
+dtable[v] = sum of dout[t] over the tokens t with ids[t] == v, deterministically. The ids are
+sorted (torch.sort, stable: equal ids keep their token order), and each program owns a block of
+table rows and a block of features: a binary search in the sorted ids finds each row's segment,
+and the segment's dout rows are added in token order (fp32, Kahan), then rounded once. No atomics,
+so the same ids give the same bits on every run and any tiling; rows no id names get zeros. Bad
+ids sort outside [0, V) and belong to no row's segment: they are dropped, counted by the first
+program into the error word, and reported as the forward reports them (validate).
+EmbeddingFunction wraps both passes for autograd.
 """
 from __future__ import annotations
 
@@ -24,7 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_same_device, check_tensor, check_validate, error_word, new_out, report_errors
+from kernels._device import kahan_add, row_offsets
+from kernels._launch import (allocate, check_count, check_same_device, check_tensor, check_validate, error_word,
+                             leading_layout, new_out, report_errors)
 
 INT_DTYPES = (torch.int32, torch.int64)
 _MAX_BLOCK_H = 1024
@@ -109,3 +121,123 @@ def _problems(V, n_bad):
 def _detail(ids, argument):
     lo, hi = (int(v) for v in torch.aminmax(ids.reshape(-1)))
     return f" (min {lo}, max {hi})"
+
+
+@triton.jit
+def _lower_bound(sorted_ptr, n, values, LOG_N: tl.constexpr):
+    """For each of `values` (int64), the first position p in [0, n] with sorted[p] >= value, by a
+    binary search over the ascending sorted[0:n] (LOG_N >= log2(n + 1) halvings)."""
+    lo = tl.zeros_like(values)
+    hi = lo + n
+    for _ in range(LOG_N):
+        open_ = lo < hi
+        mid = (lo + hi) // 2
+        at = tl.load(sorted_ptr + mid, mask=open_, other=0).to(tl.int64)
+        right = open_ & (at < values)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(open_ & ~right, mid, hi)
+    return lo
+
+
+@triton.jit
+def _embedding_backward_kernel(sorted_ptr, order_ptr, dout_ptr, dtable_ptr, bad_ptr, n_tokens, V, H,
+                               n1, n2, ds0, ds1, ds2, dsh, COUNT_BAD: tl.constexpr, LOG_N: tl.constexpr,
+                               BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
+    v = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    v_ok = v < V
+    col_ok = cols < H
+    if COUNT_BAD:
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            # Ids below 0 sort before position lower_bound(0), ids >= V from lower_bound(V) on.
+            ends = _lower_bound(sorted_ptr, n_tokens, tl.arange(0, 2).to(tl.int64) * V, LOG_N)
+            n_bad = tl.sum(tl.where(tl.arange(0, 2) == 0, ends, n_tokens - ends)).to(tl.int32)
+            if n_bad > 0:
+                tl.atomic_add(bad_ptr, n_bad)
+    first = _lower_bound(sorted_ptr, n_tokens, v, LOG_N)
+    count = tl.where(v_ok, _lower_bound(sorted_ptr, n_tokens, v + 1, LOG_N) - first, 0)
+    acc = tl.zeros([BLOCK_V, BLOCK_H], tl.float32)
+    comp = tl.zeros([BLOCK_V, BLOCK_H], tl.float32)
+    for k in range(0, tl.max(count, axis=0)):
+        active = k < count
+        token = tl.load(order_ptr + first + k, mask=active, other=0)
+        row = row_offsets(token, n1, n2, ds0, ds1, ds2)
+        g = tl.load(dout_ptr + row[:, None] + cols[None, :] * dsh, mask=active[:, None] & col_ok[None, :], other=0.0)
+        new_acc, new_comp = kahan_add(acc, comp, g.to(tl.float32))
+        # Rows whose segment has ended keep their sum: a Kahan step adding 0 would still fold the
+        # compensation in, and the bits would then depend on which rows share a program.
+        acc = tl.where(active[:, None], new_acc, acc)
+        comp = tl.where(active[:, None], new_comp, comp)
+    dst = dtable_ptr + (v * H)[:, None] + cols[None, :]
+    tl.store(dst, acc.to(dtable_ptr.dtype.element_ty), mask=v_ok[:, None] & col_ok[None, :])
+
+
+def embedding_backward(dout: torch.Tensor, ids: torch.Tensor, num_embeddings: int, *,
+                       out_dtable: torch.Tensor | None = None, block_cols: int | None = None,
+                       block_rows: int | None = None, validate: bool | str = True) -> torch.Tensor:
+    """dtable [num_embeddings, H] of out = table[ids] for the upstream gradient dout (ids.shape + (H,)):
+    dtable[v] = the sum of dout over the tokens whose id is v, in token order, fp32, rounded once to
+    dout's dtype; zeros for ids no token has. Deterministic (no atomics).
+
+    Ids outside [0, num_embeddings) add to no row; validate says what happens then, as for the
+    forward: True raises a ValueError naming ids after the launch (out_dtable written by then), "deferred"
+    raises later without a sync, False drops them silently. block_cols / block_rows force the
+    tiling (tests)."""
+    check_tensor("dout", dout, min_ndim=1)
+    check_tensor("ids", ids, dtypes=INT_DTYPES)
+    if isinstance(num_embeddings, bool) or not isinstance(num_embeddings, int):
+        raise TypeError(f"num_embeddings: expected an int (the table's rows), got {type(num_embeddings).__name__}")
+    if num_embeddings < 0:
+        raise ValueError(f"num_embeddings: expected an int >= 0 (the table's rows), got {num_embeddings}")
+    if tuple(dout.shape[:-1]) != tuple(ids.shape):
+        raise ValueError(f"dout: expected shape ids.shape + (H,) = {(*ids.shape, 'H')}, got {tuple(dout.shape)}")
+    check_same_device(dout=dout, ids=ids, out_dtable=out_dtable)
+    check_validate(validate)
+    check_count("block_rows", block_rows, power_of_two=True)
+    V, H = num_embeddings, dout.shape[-1]
+    out_dtable = new_out(out_dtable, (V, H), dout.dtype, dout.device, "out_dtable")
+    n_tokens = ids.numel()
+    problems = functools.partial(_problems, V)
+    detail = functools.partial(_detail, ids)
+    if out_dtable.numel() == 0 or n_tokens == 0:
+        out_dtable.zero_()                  # no token: a sum over nothing
+        if n_tokens and validate is True:   # nothing to sum into, the ids are still checked
+            word = torch.tensor([int(((ids < 0) | (ids >= V)).sum())], dtype=torch.int32)
+            report_errors(word, True, "embedding_backward", problems, detail)
+        return out_dtable
+    sorted_ids = allocate((n_tokens,), ids.dtype, dout.device, name="sorted_ids")
+    order = allocate((n_tokens,), torch.int64, dout.device, name="sort_order")
+    torch.sort(ids.reshape(-1), stable=True, out=(sorted_ids, order))
+    layout = leading_layout(tuple(ids.shape), dout.stride()[:-1])
+    if layout is None:
+        dout = dout.contiguous()
+        layout = leading_layout(tuple(ids.shape), dout.stride()[:-1])
+    n1, n2, ((ds0, ds1, ds2),) = layout
+    block_t, block_h, num_warps = _tile(H, block_cols)
+    block_v = block_rows if block_rows is not None else block_t
+    count = validate is not False
+    bad = error_word(dout.device, validate) if count else out_dtable
+    grid = (triton.cdiv(V, block_v), triton.cdiv(H, block_h))
+    _embedding_backward_kernel[grid](sorted_ids, order, dout, out_dtable, bad, n_tokens, V, H, n1, n2, ds0, ds1, ds2,
+                                     dout.stride(-1), COUNT_BAD=count, LOG_N=n_tokens.bit_length(),
+                                     BLOCK_V=block_v, BLOCK_H=block_h, num_warps=num_warps)
+    if count:
+        report_errors(bad, validate, "embedding_backward", problems, detail)
+    return out_dtable
+
+
+class EmbeddingFunction(torch.autograd.Function):
+    """table[ids] with the kernels of this module for both passes; the forward saves the ids (and
+    the table's row count), the backward sums dout into dtable. validate as for embedding()."""
+
+    @staticmethod
+    def forward(ctx, ids, table, validate=True):
+        ctx.save_for_backward(ids)
+        ctx.num_embeddings, ctx.validate = table.shape[0], validate
+        return embedding(ids, table, validate=validate)
+
+    @staticmethod
+    def backward(ctx, dout):
+        (ids,) = ctx.saved_tensors
+        # The forward has reported bad ids already (validate True or "deferred"): not again.
+        return None, embedding_backward(dout, ids, ctx.num_embeddings, validate=False), None

@@ -15,6 +15,15 @@ most 16 rows (decode), with narrow tiles that spread the weight over many progra
 when its two weights are the halves of one [2N, K] tensor (a merged gate_up projection), where
 one accumulator covers both; two separate weights keep the pointer kernel. The tests reach
 every path: contiguous cases (merged or not) and the other layouts and fp32.
+
+SwiGLU's backward pass (swiglu_backward) is three pointer GEMMs with fp32 accumulation: the first
+recomputes both projections z_gate, z_up tile by tile and turns them, with dy, into
+dz_gate = dy * z_up * act'(z_gate) and dz_up = dy * act(z_gate), kept in fp32 (no rounding to the
+input dtype, no overflow of fp16 between the GEMMs), and the per-tile column sums of both for the
+bias gradients; then dx = dz_gate w_gate + dz_up w_up (one accumulator over both products) and
+dw = dz^T x for each weight. 16-bit operands are widened to fp32 in registers (exact), so every dot
+is an fp32 one: TF32 on the GPU for 16-bit inputs (exact for the 16-bit operands, dz truncated to
+TF32's 10 bits), true fp32 products for fp32 inputs. SwiGLUFunction wraps both passes.
 """
 from __future__ import annotations
 
@@ -25,8 +34,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._device import activate, gemm_tile, grouped_tile
-from kernels._launch import check_same_device, check_same_dtype, check_tensor, interpreting, new_out
+from kernels._device import activate, activation_grad, gemm_tile, grouped_tile
+from kernels._launch import allocate, check_same_device, check_same_dtype, check_tensor, interpreting, new_out
+from kernels._reduce import partials, sum_row_groups
 
 ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "relu")
 GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -370,6 +380,21 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, a
     return out
 
 
+def _check_swiglu_args(x, w_gate, w_up, b_gate, b_up, activation, outs: dict):
+    """x as [M, K] rows, and N; outs: the output buffers by argument name."""
+    x2 = _rows("x", x)
+    K = x.shape[-1]
+    _check_weight("w_gate", w_gate, K)
+    N = w_gate.shape[0]
+    _check_weight("w_up", w_up, K, N, like="w_gate")
+    _check_bias("b_gate", b_gate, N)
+    _check_bias("b_up", b_up, N)
+    check_same_dtype(x=x, w_gate=w_gate, w_up=w_up, b_gate=b_gate, b_up=b_up)
+    check_same_device(x=x, w_gate=w_gate, w_up=w_up, b_gate=b_gate, b_up=b_up, **outs)
+    _check_activation(activation, GATED_ACTIVATIONS)
+    return x2, N
+
+
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: torch.Tensor | None = None,
            b_up: torch.Tensor | None = None, activation: str = "silu", *, out: torch.Tensor | None = None,
            block_m: int | None = None, block_n: int | None = None, block_k: int | None = None,
@@ -382,16 +407,8 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: to
     Fast path: store the weights as one [2N, K] tensor w (gate rows, then up rows) and pass
     w[:N], w[N:] (H200: 1.04-1.05x torch.compile of the unfused expression, against
     0.85-0.87x for two separate weights; bench/NOTES.md)."""
-    x2 = _rows("x", x)
+    x2, N = _check_swiglu_args(x, w_gate, w_up, b_gate, b_up, activation, {"out": out})
     K = x.shape[-1]
-    _check_weight("w_gate", w_gate, K)
-    N = w_gate.shape[0]
-    _check_weight("w_up", w_up, K, N, like="w_gate")
-    _check_bias("b_gate", b_gate, N)
-    _check_bias("b_up", b_up, N)
-    check_same_dtype(x=x, w_gate=w_gate, w_up=w_up, b_gate=b_gate, b_up=b_up)
-    check_same_device(x=x, w_gate=w_gate, w_up=w_up, b_gate=b_gate, b_up=b_up, out=out)
-    _check_activation(activation, GATED_ACTIVATIONS)
     out = new_out(out, (*x.shape[:-1], N), x.dtype, x.device)
     if out.numel():
         _run(x2, [w_gate, w_up], (b_gate, b_up), out.view(-1, N), activation, True, block_m, block_n, block_k,
@@ -399,3 +416,191 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: to
     else:
         _config(x2.shape[0], N, K, x.element_size(), 2, block_m, block_n, block_k, group_m)   # checks them
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# SwiGLU's backward pass
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _load_f32(ptrs, k_mask, EVEN_K: tl.constexpr):
+    """A GEMM operand tile widened to fp32 (exact): unmasked where BLOCK_K divides K, else with the
+    K tail (k_mask) read as 0."""
+    if EVEN_K:
+        v = tl.load(ptrs)
+    else:
+        v = tl.load(ptrs, mask=k_mask, other=0.0)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, part_ptr, M, N, K,
+                      sxm, sxk, sgn, sgk, sun, suk, sbg, sbu, sdym, sdyn,
+                      ACT: tl.constexpr, HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, EVEN_K: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    """z_gate and z_up of one [BLOCK_M, BLOCK_N] tile (the forward's two-accumulator GEMM), then
+    dz_gate = dy z_up act'(z_gate) and dz_up = dy act(z_gate) into the fp32 dz [M, 2N] (gate columns
+    first), and with a bias the tile's column sums of both into row pid_m of the partials [., 2N]."""
+    pid_m, _ = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m, offs_n, offs_k, rm, rn, x_ptrs, wg_ptrs = gemm_tile(x_ptr, wg_ptr, M, N, sxm, sxk, sgn, sgk,
+                                                                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    wu_ptrs = wu_ptr + rn[None, :] * sun + offs_k[:, None] * suk
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        a = _load_f32(x_ptrs, k_ok[None, :], EVEN_K)
+        wg = _load_f32(wg_ptrs, k_ok[:, None], EVEN_K)
+        wu = _load_f32(wu_ptrs, k_ok[:, None], EVEN_K)
+        acc_g = tl.dot(a, wg, acc_g, input_precision=PRECISION)
+        acc_u = tl.dot(a, wu, acc_u, input_precision=PRECISION)
+        x_ptrs += BLOCK_K * sxk
+        wg_ptrs += BLOCK_K * sgk
+        wu_ptrs += BLOCK_K * suk
+    if HAS_BG:
+        acc_g += tl.load(bg_ptr + rn * sbg).to(tl.float32)[None, :]
+    if HAS_BU:
+        acc_u += tl.load(bu_ptr + rn * sbu).to(tl.float32)[None, :]
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    dy = tl.load(dy_ptr + offs_m.to(tl.int64)[:, None] * sdym + offs_n[None, :] * sdyn, mask=mask,
+                 other=0.0).to(tl.float32)
+    dz_gate = tl.where(mask, dy * acc_u * activation_grad(acc_g, ACT), 0.0)
+    dz_up = tl.where(mask, dy * activate(acc_g, ACT), 0.0)
+    dz_row = dz_ptr + offs_m.to(tl.int64)[:, None] * (2 * N) + offs_n[None, :]
+    tl.store(dz_row, dz_gate, mask=mask)
+    tl.store(dz_row + N, dz_up, mask=mask)
+    if HAS_BG or HAS_BU:
+        part = part_ptr + pid_m.to(tl.int64) * (2 * N) + offs_n
+        tl.store(part, tl.sum(dz_gate, axis=0), mask=offs_n < N)
+        tl.store(part + N, tl.sum(dz_up, axis=0), mask=offs_n < N)
+
+
+@triton.jit
+def _gemm_sum_kernel(a_ptr, b_ptr, a2_ptr, b2_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, sa2m, sa2k, sb2k, sb2n, scm,
+                     TWO: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
+    """c[M, N] = a[M, K] @ b[K, N] (+ a2 @ b2 with TWO, into the same accumulator), any strides, the
+    operands widened to fp32 in registers, fp32 accumulation, one rounding to c's dtype."""
+    offs_m, offs_n, offs_k, rm, rn, a_ptrs, b_ptrs = gemm_tile(a_ptr, b_ptr, M, N, sam, sak, sbn, sbk,
+                                                               BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if TWO:
+        a2_ptrs = a2_ptr + rm[:, None] * sa2m + offs_k[None, :] * sa2k
+        b2_ptrs = b2_ptr + rn[None, :] * sb2n + offs_k[:, None] * sb2k
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        a = _load_f32(a_ptrs, k_ok[None, :], EVEN_K)
+        b = _load_f32(b_ptrs, k_ok[:, None], EVEN_K)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * sak
+        b_ptrs += BLOCK_K * sbk
+        if TWO:
+            a2 = _load_f32(a2_ptrs, k_ok[None, :], EVEN_K)
+            b2 = _load_f32(b2_ptrs, k_ok[:, None], EVEN_K)
+            acc = tl.dot(a2, b2, acc, input_precision=PRECISION)
+            a2_ptrs += BLOCK_K * sa2k
+            b2_ptrs += BLOCK_K * sb2k
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    tl.store(c_ptr + offs_m.to(tl.int64)[:, None] * scm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def _fit_inner(t, dim, bk):
+    """A GEMM operand stepped along `dim` by BLOCK_K * stride in int32: copied to a contiguous
+    tensor when that would overflow."""
+    return t.contiguous() if bk * abs(t.stride(dim)) >= 2**31 else t
+
+
+def _gemm_sum(a, b, c, pairs_precision, block_m, block_n, block_k, group_m, a2=None, b2=None):
+    """c = a @ b (+ a2 @ b2): a [M, K], b [K, N], c [M, N] contiguous rows, any operand strides."""
+    M, K = a.shape
+    N = b.shape[1]
+    cfg = _config(M, N, K, 4, 2 if a2 is not None else 1, block_m, block_n, block_k, group_m)
+    bk = cfg["BLOCK_K"]
+    a, b = _fit_inner(a, 1, bk), _fit_inner(b, 0, bk)
+    if a2 is not None:
+        a2, b2 = _fit_inner(a2, 1, bk), _fit_inner(b2, 0, bk)
+    else:
+        a2, b2 = a, b
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    _gemm_sum_kernel[grid](a, b, a2, b2, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                           a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), c.stride(0),
+                           TWO=a2 is not a, EVEN_K=K % bk == 0, PRECISION=pairs_precision, **cfg)
+
+
+def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                    b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None, activation: str = "silu",
+                    *, out_dx: torch.Tensor | None = None, out_dw_gate: torch.Tensor | None = None,
+                    out_dw_up: torch.Tensor | None = None, out_db_gate: torch.Tensor | None = None,
+                    out_db_up: torch.Tensor | None = None, block_m: int | None = None, block_n: int | None = None,
+                    block_k: int | None = None, group_m: int | None = None):
+    """(dx, dw_gate, dw_up, db_gate, db_up) of y = swiglu(x, w_gate, w_up, b_gate, b_up, activation)
+    for the upstream gradient dy [..., N]: with dz_gate = dy z_up act'(z_gate), dz_up = dy act(z_gate)
+    (fp32), dx = dz_gate w_gate + dz_up w_up, dw = dz^T x per weight, db = the column sums of dz
+    (None without that bias); fp32 accumulation, each output rounded once to x's dtype.
+    block_m / block_n / block_k / group_m set the tiles of all three GEMMs (tests)."""
+    x2, N = _check_swiglu_args(x, w_gate, w_up, b_gate, b_up, activation,
+                               dict(out_dx=out_dx, out_dw_gate=out_dw_gate, out_dw_up=out_dw_up, out_db_gate=out_db_gate,
+                                    out_db_up=out_db_up))
+    check_tensor("dy", dy, min_ndim=1)
+    if tuple(dy.shape) != (*x.shape[:-1], N):
+        raise ValueError(f"dy: expected shape {(*x.shape[:-1], N)} (x's rows, N), got {tuple(dy.shape)}")
+    check_same_dtype(x=x, dy=dy)
+    check_same_device(x=x, dy=dy)
+    M, K = x2.shape
+    dtype, device = x.dtype, x.device
+    out_dx = new_out(out_dx, tuple(x.shape), dtype, device, "out_dx")
+    out_dw_gate = new_out(out_dw_gate, (N, K), dtype, device, "out_dw_gate")
+    out_dw_up = new_out(out_dw_up, (N, K), dtype, device, "out_dw_up")
+    db = []
+    for name, bias, buf in (("out_db_gate", b_gate, out_db_gate), ("out_db_up", b_up, out_db_up)):
+        if bias is None and buf is not None:
+            raise ValueError(f"{name}: expected None: there is no such bias, so no gradient of it")
+        db.append(new_out(buf, (N,), dtype, device, name) if bias is not None else None)
+    out_db_gate, out_db_up = db
+    _config(M, N, K, x.element_size(), 2, block_m, block_n, block_k, group_m)      # checks them
+    if M == 0 or N == 0:            # sums over no rows or no columns
+        for t in (out_dx, out_dw_gate, out_dw_up, *[d for d in db if d is not None]):
+            t.zero_()
+        return out_dx, out_dw_gate, out_dw_up, out_db_gate, out_db_up
+    precision = _precision(dtype)
+    dy2 = dy.reshape(M, N)
+    dz = allocate((M, 2 * N), torch.float32, device, name="dz")
+    cfg = _config(M, N, K, 4, 2, block_m, block_n, block_k, group_m)
+    n_m_tiles = triton.cdiv(M, cfg["BLOCK_M"])
+    has_bias = b_gate is not None or b_up is not None
+    part = partials(n_m_tiles, 2 * N, device, "db_partials") if has_bias else dz
+    xk, wg, wu = (_fit_inner(t, 1, cfg["BLOCK_K"]) for t in (x2, w_gate, w_up))
+    _swiglu_dz_kernel[(n_m_tiles * triton.cdiv(N, cfg["BLOCK_N"]),)](
+        xk, wg, wu, b_gate if b_gate is not None else wg, b_up if b_up is not None else wg, dy2, dz, part,
+        M, N, K, xk.stride(0), xk.stride(1), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1),
+        b_gate.stride(0) if b_gate is not None else 0, b_up.stride(0) if b_up is not None else 0,
+        dy2.stride(0), dy2.stride(1), ACT=activation, HAS_BG=b_gate is not None, HAS_BU=b_up is not None,
+        EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION=precision, **cfg)
+    dz_gate, dz_up = dz[:, :N], dz[:, N:]
+    if K:
+        tiles = (block_m, block_n, block_k, group_m)
+        _gemm_sum(dz_gate, w_gate, out_dx.view(M, K), precision, *tiles, a2=dz_up, b2=w_up)
+        _gemm_sum(dz_gate.t(), x2, out_dw_gate, precision, *tiles)
+        _gemm_sum(dz_up.t(), x2, out_dw_up, precision, *tiles)
+    if out_db_gate is not None:
+        sum_row_groups(part[:, :N], out_db_gate)
+    if out_db_up is not None:
+        sum_row_groups(part[:, N:], out_db_up)
+    return out_dx, out_dw_gate, out_dw_up, out_db_gate, out_db_up
+
+
+class SwiGLUFunction(torch.autograd.Function):
+    """swiglu(x, w_gate, w_up, b_gate, b_up, activation) with the kernels of this module for both
+    passes; the forward saves its inputs (the backward recomputes both projections)."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, b_gate=None, b_up=None, activation="silu"):
+        ctx.save_for_backward(x, w_gate, w_up, b_gate, b_up)
+        ctx.activation = activation
+        return swiglu(x, w_gate, w_up, b_gate, b_up, activation)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w_gate, w_up, b_gate, b_up = ctx.saved_tensors
+        return (*swiglu_backward(dy, x, w_gate, w_up, b_gate, b_up, ctx.activation), None)

@@ -9,6 +9,13 @@ and only then handed to fp32: in fp32, pos * freq at pos ~ 1e6 is off by up to 0
 is the error HF's fp32 cos/sin cache carries. sin and cos come from one shared reduction and two
 short polynomials (_sincos), a fraction of the cost of two library calls that each reduce again;
 with the angle work replicated across the threads that share a column, that cost shows.
+
+Backward passes: the rotation is orthogonal, so rope_backward is the same kernel turning each pair
+the other way (dx = R^T dy: sin negated), pass-through dims copied. rmsnorm_rope_backward turns dy
+back, g = R^T dy, then takes RMSNorm's gradient per head row: dx = rstd (g w - n mean(g w n)), with
+n = x rstd recomputed from x; dw = sum over every token and head of g n, reduced deterministically
+(each program sums the heads of a fixed group of tokens, the groups are added in order:
+kernels/_reduce.py). RoPEFunction and RMSNormRoPEFunction wrap both passes for autograd.
 """
 from __future__ import annotations
 
@@ -18,8 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._device import kahan_add
 from kernels._launch import (check_finite, check_same_device, check_same_dtype, check_shape,
                              check_tensor, new_out)
+from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
 
 _STYLES = ("neox", "gptj")
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -50,10 +59,22 @@ def _sincos(angle):
 
 
 @triton.jit
+def _pair_dims(i, half, GPTJ: tl.constexpr):
+    """The dims (a, b) of pairs i: (2i, 2i + 1) in the gptj style, (i, i + half) in neox."""
+    if GPTJ:
+        a = 2 * i
+        b = a + 1
+    else:
+        a = i
+        b = i + half
+    return a, b
+
+
+@triton.jit
 def _rope_kernel(x_ptr, pos_ptr, inv_freq_ptr, w_ptr, y_ptr, T, H, D, half,
                  xs_b, xs_t, xs_h, xs_d, ps_b, ps_t, ws, eps,
                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-                 HAS_PASS: tl.constexpr, GPTJ: tl.constexpr, NORM: tl.constexpr):
+                 HAS_PASS: tl.constexpr, GPTJ: tl.constexpr, NORM: tl.constexpr, INVERSE: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     b = token // T
     t = token % T
@@ -62,6 +83,8 @@ def _rope_kernel(x_ptr, pos_ptr, inv_freq_ptr, w_ptr, y_ptr, T, H, D, half,
     i = tl.arange(0, BLOCK_HALF)
     i_ok = i < half
     sin, cos = _sincos(pos * tl.load(inv_freq_ptr + i, mask=i_ok, other=0.0))
+    if INVERSE:         # rope_backward: R^T turns by the opposite angle
+        sin = -sin
     sin = sin[None, :]
     cos = cos[None, :]
 
@@ -69,12 +92,7 @@ def _rope_kernel(x_ptr, pos_ptr, inv_freq_ptr, w_ptr, y_ptr, T, H, D, half,
     h_ok = h < H
     x_base = (b * xs_b + t * xs_t + h.to(tl.int64) * xs_h)[:, None]
     y_base = (token * H * D + h.to(tl.int64) * D)[:, None]
-    if GPTJ:
-        ia = 2 * i
-        ib = ia + 1
-    else:
-        ia = i
-        ib = i + half
+    ia, ib = _pair_dims(i, half, GPTJ)
     mask = h_ok[:, None] & i_ok[None, :]
     xa = tl.load(x_ptr + x_base + ia[None, :].to(tl.int64) * xs_d, mask=mask, other=0.0).to(tl.float32)
     xb = tl.load(x_ptr + x_base + ib[None, :].to(tl.int64) * xs_d, mask=mask, other=0.0).to(tl.float32)
@@ -107,8 +125,8 @@ def _inv_freq(theta: float, rotary_dim: int, device: torch.device) -> torch.Tens
     return (theta ** -exponent).to(device)
 
 
-def _check_rope_args(x, positions, theta, style, rotary_dim):
-    check_tensor("x", x, ndim=4)
+def _check_rope_args(x, positions, theta, style, rotary_dim, name="x"):
+    check_tensor(name, x, ndim=4)
     check_tensor("positions", positions, dtypes=_INT_DTYPES, ndim=2)
     check_shape("positions", positions, x.shape[:2])
     theta = check_finite("theta", theta, positive=True)
@@ -134,20 +152,25 @@ def _tile(H: int, per_head: int) -> tuple[int, int]:
     return block_h, min(8, triton.next_power_of_2(max(1, block_h * per_head // 2048)))
 
 
-def _launch(x, positions, w, eps, theta, style, rotary_dim, out, norm):
-    B, T, H, D = x.shape
+def _blocks(H, D, rotary_dim):
+    """(BLOCK_HALF, BLOCK_PASS, pass-through dims, heads per program, warps) of a [*, H, D] launch."""
     half = rotary_dim // 2
     block_half = triton.next_power_of_2(half)
     n_pass = D - rotary_dim
     block_pass = triton.next_power_of_2(max(n_pass, 1))
     per_head = 2 * block_half + (block_pass if n_pass > 0 else 0)
-    block_h, num_warps = _tile(H, per_head)
+    return (block_half, block_pass, n_pass, *_tile(H, per_head))
+
+
+def _launch(x, positions, w, eps, theta, style, rotary_dim, out, norm, inverse=False):
+    B, T, H, D = x.shape
+    block_half, block_pass, n_pass, block_h, num_warps = _blocks(H, D, rotary_dim)
     grid = (B * T, triton.cdiv(H, block_h))
     _rope_kernel[grid](
         x, positions, _inv_freq(theta, rotary_dim, x.device), w if w is not None else x, out,
-        T, H, D, half, *x.stride(), *positions.stride(), w.stride(0) if w is not None else 0, eps,
+        T, H, D, rotary_dim // 2, *x.stride(), *positions.stride(), w.stride(0) if w is not None else 0, eps,
         BLOCK_H=block_h, BLOCK_HALF=block_half, BLOCK_PASS=block_pass, HAS_PASS=n_pass > 0,
-        GPTJ=style == "gptj", NORM=norm, num_warps=num_warps)
+        GPTJ=style == "gptj", NORM=norm, INVERSE=inverse, num_warps=num_warps)
     return out
 
 
@@ -162,17 +185,186 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, rotar
     return _launch(x, positions, None, 0.0, theta, style, rotary_dim, out, norm=False)
 
 
+def _check_norm_args(x, w, eps):
+    eps = check_finite("eps", eps, nonnegative=True)
+    check_tensor("w", w, ndim=1)
+    check_shape("w", w, (x.shape[3],))
+    return eps
+
+
 def rmsnorm_rope(x: torch.Tensor, w: torch.Tensor, positions: torch.Tensor, eps: float = 1e-6,
                  theta: float = 10000.0, style: str = "neox", rotary_dim: int | None = None, *,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """Per-head RMSNorm over D (weight w[D]) followed by RoPE, in one pass over x."""
     theta, rotary_dim = _check_rope_args(x, positions, theta, style, rotary_dim)
-    eps = check_finite("eps", eps, nonnegative=True)
-    check_tensor("w", w, ndim=1)
-    check_shape("w", w, (x.shape[3],))
+    eps = _check_norm_args(x, w, eps)
     check_same_device(x=x, w=w, positions=positions, out=out)
     check_same_dtype(x=x, w=w)
     out = new_out(out, x.shape, x.dtype, x.device)
     if x.numel() == 0:
         return out
     return _launch(x, positions, w, eps, theta, style, rotary_dim, out, norm=True)
+
+
+def rope_backward(dy: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, rotary_dim: int | None = None,
+                  style: str = "neox", *, out_dx: torch.Tensor | None = None) -> torch.Tensor:
+    """dx of y = rope(x, positions, theta, rotary_dim, style) for the upstream gradient dy[B, T, H, D]:
+    each pair turned back by its angle (dx = R^T dy), pass-through dims copied."""
+    theta, rotary_dim = _check_rope_args(dy, positions, theta, style, rotary_dim, name="dy")
+    check_same_device(dy=dy, positions=positions, out_dx=out_dx)
+    out_dx = new_out(out_dx, dy.shape, dy.dtype, dy.device, "out_dx")
+    if dy.numel() == 0:
+        return out_dx
+    return _launch(dy, positions, None, 0.0, theta, style, rotary_dim, out_dx, norm=False, inverse=True)
+
+
+@triton.jit
+def _head_part(ptr, base, idx, stride, mask):
+    """[BLOCK_H, n] fp32 values of the head rows at `base` (int64 [BLOCK_H, 1]), dims idx (0 masked)."""
+    return tl.load(ptr + base + idx[None, :].to(tl.int64) * stride, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _rmsnorm_rope_backward_kernel(dy_ptr, x_ptr, pos_ptr, inv_freq_ptr, w_ptr, dx_ptr, part_ptr,
+                                  n_tokens, T, H, D, half, ds_b, ds_t, ds_h, ds_d, xs_b, xs_t, xs_h, xs_d,
+                                  ps_b, ps_t, ws, eps, tokens_per_group,
+                                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+                                  HAS_PASS: tl.constexpr, GPTJ: tl.constexpr):
+    """One program: BLOCK_H heads of the tokens of group program_id(0). Writes dx, and the group's
+    fp32 sums of g n over its tokens and heads into one row of the partials."""
+    i = tl.arange(0, BLOCK_HALF)
+    i_ok = i < half
+    ia, ib = _pair_dims(i, half, GPTJ)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = h < H
+    inv_freq = tl.load(inv_freq_ptr + i, mask=i_ok, other=0.0)
+    wa = tl.load(w_ptr + ia * ws, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+    wb = tl.load(w_ptr + ib * ws, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+    acc_a = tl.zeros([BLOCK_H, BLOCK_HALF], tl.float32)
+    comp_a = tl.zeros([BLOCK_H, BLOCK_HALF], tl.float32)
+    acc_b = tl.zeros([BLOCK_H, BLOCK_HALF], tl.float32)
+    comp_b = tl.zeros([BLOCK_H, BLOCK_HALF], tl.float32)
+    if HAS_PASS:
+        ip = 2 * half + tl.arange(0, BLOCK_PASS)
+        wp = tl.load(w_ptr + ip * ws, mask=ip < D, other=0.0).to(tl.float32)[None, :]
+        acc_p = tl.zeros([BLOCK_H, BLOCK_PASS], tl.float32)
+        comp_p = tl.zeros([BLOCK_H, BLOCK_PASS], tl.float32)
+    first = tl.program_id(0).to(tl.int64) * tokens_per_group
+    for k in range(0, tokens_per_group):
+        token = first + k
+        b = token // T
+        t = token % T
+        pos = tl.load(pos_ptr + b * ps_b + t * ps_t, mask=token < n_tokens, other=0).to(tl.float64)
+        sin, cos = _sincos(pos * inv_freq)
+        sin = sin[None, :]
+        cos = cos[None, :]
+        # The token test as a vector: the interpreter (Triton 3.9) gives a block & a scalar bool an
+        # int32 mask, which tl.load refuses.
+        rows_ok = h_ok & (h * 0 + token < n_tokens)
+        mask = rows_ok[:, None] & i_ok[None, :]
+        d_base = (b * ds_b + t * ds_t + h.to(tl.int64) * ds_h)[:, None]
+        x_base = (b * xs_b + t * xs_t + h.to(tl.int64) * xs_h)[:, None]
+        dya = _head_part(dy_ptr, d_base, ia, ds_d, mask)
+        dyb = _head_part(dy_ptr, d_base, ib, ds_d, mask)
+        ga = dya * cos + dyb * sin          # g = R^T dy
+        gb = dyb * cos - dya * sin
+        xa = _head_part(x_ptr, x_base, ia, xs_d, mask)
+        xb = _head_part(x_ptr, x_base, ib, xs_d, mask)
+        sum_sq = tl.sum(xa * xa, axis=1) + tl.sum(xb * xb, axis=1)
+        if HAS_PASS:
+            p_mask = rows_ok[:, None] & (ip < D)[None, :]
+            gp = _head_part(dy_ptr, d_base, ip, ds_d, p_mask)
+            xp = _head_part(x_ptr, x_base, ip, xs_d, p_mask)
+            sum_sq += tl.sum(xp * xp, axis=1)
+        rstd = tl.rsqrt(sum_sq / D + eps)[:, None]
+        na = xa * rstd
+        nb = xb * rstd
+        va = ga * wa
+        vb = gb * wb
+        dot = tl.sum(va * na, axis=1) + tl.sum(vb * nb, axis=1)
+        if HAS_PASS:
+            np_ = xp * rstd
+            vp = gp * wp
+            dot += tl.sum(vp * np_, axis=1)
+        mean_vn = (dot / D)[:, None]
+        out_ty = dx_ptr.dtype.element_ty
+        dx_base = (token * H * D + h.to(tl.int64) * D)[:, None]
+        tl.store(dx_ptr + dx_base + ia[None, :], (rstd * (va - na * mean_vn)).to(out_ty), mask=mask)
+        tl.store(dx_ptr + dx_base + ib[None, :], (rstd * (vb - nb * mean_vn)).to(out_ty), mask=mask)
+        acc_a, comp_a = kahan_add(acc_a, comp_a, tl.where(mask, ga * na, 0.0))
+        acc_b, comp_b = kahan_add(acc_b, comp_b, tl.where(mask, gb * nb, 0.0))
+        if HAS_PASS:
+            tl.store(dx_ptr + dx_base + ip[None, :], (rstd * (vp - np_ * mean_vn)).to(out_ty), mask=p_mask)
+            acc_p, comp_p = kahan_add(acc_p, comp_p, tl.where(p_mask, gp * np_, 0.0))
+    part = part_ptr + (tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * D
+    tl.store(part + ia, tl.sum(acc_a, axis=0), mask=i_ok)
+    tl.store(part + ib, tl.sum(acc_b, axis=0), mask=i_ok)
+    if HAS_PASS:
+        tl.store(part + ip, tl.sum(acc_p, axis=0), mask=ip < D)
+
+
+def rmsnorm_rope_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, positions: torch.Tensor,
+                          eps: float = 1e-6, theta: float = 10000.0, style: str = "neox",
+                          rotary_dim: int | None = None, *, out_dx: torch.Tensor | None = None,
+                          out_dw: torch.Tensor | None = None, row_groups: int | None = None):
+    """(dx, dw) of y = rmsnorm_rope(x, w, positions, eps, theta, style, rotary_dim) for the upstream
+    gradient dy (x's shape): g = R^T dy, then per head row dx = rstd (g w - n mean(g w n)) with
+    n = x rstd, and dw = the sum of g n over every token and head (fp32, deterministic, one rounding).
+    row_groups forces how many groups of tokens dw is summed in (tests)."""
+    theta, rotary_dim = _check_rope_args(x, positions, theta, style, rotary_dim)
+    check_tensor("dy", dy, ndim=4)
+    check_shape("dy", dy, x.shape)
+    eps = _check_norm_args(x, w, eps)
+    check_same_device(x=x, dy=dy, w=w, positions=positions, out_dx=out_dx, out_dw=out_dw)
+    check_same_dtype(x=x, dy=dy, w=w)
+    check_row_groups(row_groups)
+    B, T, H, D = x.shape
+    out_dx = new_out(out_dx, x.shape, x.dtype, x.device, "out_dx")
+    out_dw = new_out(out_dw, (D,), x.dtype, x.device, "out_dw")
+    if x.numel() == 0:
+        out_dw.zero_()                      # a sum over no rows
+        return out_dx, out_dw
+    block_half, block_pass, n_pass, block_h, num_warps = _blocks(H, D, rotary_dim)
+    n_head_blocks = triton.cdiv(H, block_h)
+    n_groups, per_group = plan_row_groups(B * T, 1, n_head_blocks, row_groups)
+    part = partials(n_groups * n_head_blocks, D, x.device, "dw_partials")
+    _rmsnorm_rope_backward_kernel[(n_groups, n_head_blocks)](
+        dy, x, positions, _inv_freq(theta, rotary_dim, x.device), w, out_dx, part, B * T, T, H, D, rotary_dim // 2,
+        *dy.stride(), *x.stride(), *positions.stride(), w.stride(0), eps, per_group,
+        BLOCK_H=block_h, BLOCK_HALF=block_half, BLOCK_PASS=block_pass, HAS_PASS=n_pass > 0,
+        GPTJ=style == "gptj", num_warps=num_warps)
+    sum_row_groups(part, out_dw)
+    return out_dx, out_dw
+
+
+class RoPEFunction(torch.autograd.Function):
+    """rope(x, positions, ...) with the kernels of this module for both passes (the backward needs
+    only the positions and the options)."""
+
+    @staticmethod
+    def forward(ctx, x, positions, theta=10000.0, rotary_dim=None, style="neox"):
+        ctx.save_for_backward(positions)
+        ctx.options = (theta, rotary_dim, style)
+        return rope(x, positions, theta, rotary_dim, style)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (positions,) = ctx.saved_tensors
+        return rope_backward(dy, positions, *ctx.options), None, None, None, None
+
+
+class RMSNormRoPEFunction(torch.autograd.Function):
+    """rmsnorm_rope(x, w, positions, ...) with the kernels of this module for both passes; the forward
+    saves x, w and the positions (the backward recomputes each row's rstd)."""
+
+    @staticmethod
+    def forward(ctx, x, w, positions, eps=1e-6, theta=10000.0, style="neox", rotary_dim=None):
+        ctx.save_for_backward(x, w, positions)
+        ctx.options = (eps, theta, style, rotary_dim)
+        return rmsnorm_rope(x, w, positions, eps, theta, style, rotary_dim)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, positions = ctx.saved_tensors
+        dx, dw = rmsnorm_rope_backward(dy, x, w, positions, *ctx.options)
+        return dx, dw, None, None, None, None, None

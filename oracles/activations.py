@@ -33,3 +33,38 @@ def bias_gelu(y, bias=None, approximate="none"):
     g = _tanh(x) if approximate == "tanh" else _exact(x)
     g = torch.where(x == -math.inf, -0.0, g)
     return torch.where(x == math.inf, math.inf, g)
+
+
+def _exact_slope(x):
+    """d/dx x Phi(x) = Phi(x) + x phi(x), phi the normal density."""
+    pdf = torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return 0.5 * torch.special.erfc(-x / math.sqrt(2.0)) + x * pdf
+
+
+def _tanh_slope(x):
+    """d/dx 0.5 x (1 + tanh(u)) = 0.5 (1 + tanh(u)) + 0.5 x u' (1 - tanh(u)^2), with 1 - tanh^2 taken as
+    1 / cosh^2 and, for u < 0, 1 + tanh(u) as e^u / cosh(u) (no cancellation)."""
+    c = math.sqrt(2.0 / math.pi)
+    u = c * (x + 0.044715 * x ** 3)
+    du = c * (1.0 + 3 * 0.044715 * x ** 2)
+    neg = torch.clamp(u, max=0.0)
+    one_plus_tanh = torch.where(u >= 0, 1.0 + torch.tanh(u), torch.exp(neg) / torch.cosh(neg))
+    return 0.5 * one_plus_tanh + 0.5 * x * du / torch.cosh(u) ** 2
+
+
+def gelu_slope(x, approximate="none"):
+    """gelu'(x) of float64 values, 1 at +inf and 0 at -inf (the limits), NaN at NaN."""
+    slope = _tanh_slope(x) if approximate == "tanh" else _exact_slope(x)
+    return torch.where(x == math.inf, 1.0, torch.where(x == -math.inf, 0.0, slope))
+
+
+@one_thread
+def bias_gelu_backward(dout, y, bias=None, approximate="none"):
+    """(dy, dbias): dy = dout * gelu'(y + bias), gelu' 1 at +inf and 0 at -inf; dbias the sum of dy over
+    every row (None without a bias)."""
+    x = f64(y)
+    if bias is not None:
+        x = x + f64(bias)
+    dy = f64(dout) * gelu_slope(x, approximate)
+    rows = dy.reshape(dy.shape[:-1].numel(), dy.shape[-1])
+    return dy, (rows.sum(0) if bias is not None else None)

@@ -9,6 +9,7 @@ import math
 import torch
 
 from oracles._torch import f64, one_thread
+from oracles.activations import gelu_slope
 
 
 def activate(z, activation):
@@ -26,6 +27,18 @@ def activate(z, activation):
     if activation == "relu":
         return torch.clamp(z, min=0.0)          # NaN stays NaN
     raise ValueError(f"unknown activation {activation!r}")
+
+
+def activation_slope(z, activation):
+    """act'(z) of float64 values: silu' = s (1 + z (1 - s)) with s = sigmoid(z), the GELUs' from
+    oracles.activations; at +-inf the limits 1 and 0, NaN at NaN."""
+    if activation == "silu":
+        s = torch.sigmoid(z)
+        slope = s * (1.0 + z * (1.0 - s))
+        return torch.where(z == math.inf, 1.0, torch.where(z == -math.inf, 0.0, slope))
+    if activation in ("gelu", "gelu_tanh"):
+        return gelu_slope(z, "tanh" if activation == "gelu_tanh" else "none")
+    raise ValueError(f"unknown gated activation {activation!r}")
 
 
 def linear(x, w, b=None):
@@ -57,3 +70,23 @@ def swiglu(x, w_gate, w_up, b_gate=None, b_up=None, activation="silu"):
     gate = activate(linear(xn, f64(w_gate), None if b_gate is None else f64(b_gate)), activation)
     up = linear(xn, f64(w_up), None if b_up is None else f64(b_up))
     return gate * up
+
+
+@one_thread
+def swiglu_backward(dy, x, w_gate, w_up, b_gate=None, b_up=None, activation="silu"):
+    """(dx, dw_gate, dw_up, db_gate, db_up) of y = act(z_gate) * z_up, z = x w^T + b: with
+    dz_gate = dy z_up act'(z_gate) and dz_up = dy act(z_gate), dx = dz_gate w_gate + dz_up w_up,
+    dw = dz^T x per weight (every product formed, as linear does), db = the sum of dz over the rows
+    (None without that bias)."""
+    xn, wg, wu = f64(x), f64(w_gate), f64(w_up)
+    zg = linear(xn, wg, None if b_gate is None else f64(b_gate))
+    zu = linear(xn, wu, None if b_up is None else f64(b_up))
+    d = f64(dy)
+    N, K = wg.shape
+    M = math.prod(xn.shape[:-1])
+    dz_gate = (d * zu * activation_slope(zg, activation)).reshape(M, N)
+    dz_up = (d * activate(zg, activation)).reshape(M, N)
+    rows = xn.reshape(M, K)
+    dx = (linear(dz_gate, wg.t()) + linear(dz_up, wu.t())).reshape(xn.shape)
+    return (dx, linear(dz_gate.t(), rows.t()), linear(dz_up.t(), rows.t()),
+            dz_gate.sum(0) if b_gate is not None else None, dz_up.sum(0) if b_up is not None else None)

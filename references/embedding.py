@@ -1,6 +1,16 @@
-"""Embedding lookup as a PyTorch user writes it."""
+"""Embedding lookup as a PyTorch user writes it; its backward is torch.autograd of it."""
+import torch
 import torch.nn.functional as F
 
 
 def embedding(ids, table):
     return F.embedding(ids, table)
+
+
+def embedding_backward(dout, ids, num_embeddings):
+    """dtable by torch.autograd of F.embedding on a table of num_embeddings rows in dout's dtype
+    (its values play no part in the gradient)."""
+    table = torch.zeros((num_embeddings, dout.shape[-1]), dtype=dout.dtype, device=dout.device, requires_grad=True)
+    with torch.enable_grad():
+        embedding(ids, table).backward(dout)
+    return table.grad

@@ -1,5 +1,6 @@
 """RoPE as Hugging Face transformers writes it: an fp32 cos/sin table cast to the input dtype,
-then x * cos + rotate_half(x) * sin in the input dtype."""
+then x * cos + rotate_half(x) * sin in the input dtype. The backward passes are torch.autograd of
+these forwards, in the input dtype."""
 import torch
 import torch.nn.functional as F
 
@@ -31,3 +32,19 @@ def rope(x, positions, theta=10000.0, rotary_dim=None, style="neox"):
 
 def rmsnorm_rope(x, w, positions, eps=1e-6, theta=10000.0, style="neox", rotary_dim=None):
     return rope(F.rms_norm(x, (x.shape[-1],), w, eps), positions, theta, rotary_dim, style)
+
+
+def rope_backward(dy, positions, theta=10000.0, rotary_dim=None, style="neox"):
+    """dx by torch.autograd of rope above (linear in x: its gradient needs no x, zeros stand in)."""
+    x = torch.zeros_like(dy, requires_grad=True)
+    with torch.enable_grad():
+        rope(x, positions, theta, rotary_dim, style).backward(dy)
+    return x.grad
+
+
+def rmsnorm_rope_backward(dy, x, w, positions, eps=1e-6, theta=10000.0, style="neox", rotary_dim=None):
+    """(dx, dw) by torch.autograd of rmsnorm_rope above."""
+    x, w = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+    with torch.enable_grad():
+        rmsnorm_rope(x, w, positions, eps, theta, style, rotary_dim).backward(dy)
+    return x.grad, w.grad

@@ -1,5 +1,6 @@
 """Softmax as PyTorch users write it: scale, mask with -inf, torch.softmax in the input dtype.
-Rows that see nothing are set to zero (torch.softmax alone would give NaN there)."""
+Rows that see nothing are set to zero (torch.softmax alone would give NaN there). Its backward is
+torch.autograd of that forward, in the input dtype."""
 import torch
 
 
@@ -13,3 +14,11 @@ def softmax(x, scale=1.0, causal=False):
     visible = j <= i + (N - M)
     p = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1)
     return torch.where(visible.any(dim=-1, keepdim=True), p, torch.zeros_like(p))
+
+
+def softmax_backward(dy, x, scale=1.0, causal=False):
+    """dx by torch.autograd of softmax(x, scale, causal) above, in the input dtype."""
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        softmax(x, scale, causal).backward(dy)
+    return x.grad

@@ -68,6 +68,14 @@ def GDN1(d, B=2, Hk=1, Hv=2, Dk=8, Dv=4, **kw):
     return kernels.gated_delta_rule_decode(**args)
 
 
+def SGB(d, **kw):
+    """swiglu_backward on small valid inputs (x [4, 8], N 5, both biases), any argument replaced by kw."""
+    args = dict(dy=T(4, 5, device=d), x=T(4, 8, device=d), w_gate=T(5, 8, device=d), w_up=T(5, 8, device=d),
+                b_gate=T(5, device=d), b_up=T(5, device=d))
+    args.update(kw)
+    return kernels.swiglu_backward(**args)
+
+
 # (op, description, call(device), exception, the argument the message must start with)
 def ROUTE(d, T_=4, E=8, dtype=torch.float32, **kw):
     """moe_route on small valid inputs (T 4, E 8, top_k 2), any argument replaced by kw."""
@@ -130,6 +138,35 @@ BAD = [
     ("add_rmsnorm", "residual shape", lambda d: kernels.add_rmsnorm(T(2, 4, device=d), T(3, 4, device=d), T(4, device=d)), ValueError, "residual"),
     ("add_rmsnorm", "residual dtype", lambda d: kernels.add_rmsnorm(T(2, 4, device=d), T(2, 4, dtype=torch.float16, device=d), T(4, device=d)), TypeError, "residual"),
     ("add_rmsnorm", "out_residual shape", lambda d: kernels.add_rmsnorm(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_residual=T(8, device=d)), ValueError, "out_residual"),
+    # the norms' backward passes: (dy, x, w) and add_rmsnorm's (dy, du, x, residual, w)
+    ("rmsnorm_backward", "dy shape", lambda d: kernels.rmsnorm_backward(T(3, 4, device=d), T(2, 4, device=d), T(4, device=d)), ValueError, "dy"),
+    ("rmsnorm_backward", "dy dtype", lambda d: kernels.rmsnorm_backward(T(2, 4, dtype=torch.float16, device=d), T(2, 4, device=d), T(4, device=d)), TypeError, "dy"),
+    ("rmsnorm_backward", "dy not a tensor", lambda d: kernels.rmsnorm_backward(1.0, T(2, 4, device=d), T(4, device=d)), TypeError, "dy"),
+    ("rmsnorm_backward", "dy device", lambda d: kernels.rmsnorm_backward(torch.empty(2, 4, device="meta"), T(2, 4, device=d), T(4, device=d)), ValueError, "dy"),
+    ("rmsnorm_backward", "int x", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), torch.ones(2, 4, dtype=torch.int32, device=d), T(4, device=d)), TypeError, "x"),
+    ("rmsnorm_backward", "weight length", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(5, device=d)), ValueError, "w"),
+    ("rmsnorm_backward", "eps negative", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), -1.0), ValueError, "eps"),
+    ("rmsnorm_backward", "out_dx shape", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dx=T(2, 5, device=d)), ValueError, "out_dx"),
+    ("rmsnorm_backward", "out_dx strided", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dx=T(4, 2, device=d).t()), ValueError, "out_dx"),
+    ("rmsnorm_backward", "out_dw shape", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dw=T(1, 4, device=d)), ValueError, "out_dw"),
+    ("rmsnorm_backward", "out_dw dtype", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dw=T(4, dtype=torch.bfloat16, device=d)), TypeError, "out_dw"),
+    ("rmsnorm_backward", "block_rows not a power of two", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), block_rows=3), ValueError, "block_rows"),
+    ("rmsnorm_backward", "block_cols not a power of two", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), block_cols=6), ValueError, "block_cols"),
+    ("rmsnorm_backward", "row_groups 0", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), row_groups=0), ValueError, "row_groups"),
+    ("rmsnorm_backward", "row_groups a float", lambda d: kernels.rmsnorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), row_groups=2.0), TypeError, "row_groups"),
+    ("rmsnorm_backward", "row_groups on empty rows", lambda d: kernels.rmsnorm_backward(T(0, 4, device=d), T(0, 4, device=d), T(4, device=d), row_groups=-1), ValueError, "row_groups"),
+    ("layernorm_backward", "dy shape", lambda d: kernels.layernorm_backward(T(2, 5, device=d), T(2, 4, device=d)), ValueError, "dy"),
+    ("layernorm_backward", "bias length", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), T(3, device=d)), ValueError, "b"),
+    ("layernorm_backward", "bias dtype", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), None, T(4, dtype=torch.float16, device=d)), TypeError, "b"),
+    ("layernorm_backward", "out_dw without w", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), out_dw=T(4, device=d)), ValueError, "out_dw"),
+    ("layernorm_backward", "out_db without b", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_db=T(4, device=d)), ValueError, "out_db"),
+    ("layernorm_backward", "out_db shape", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), T(4, device=d), out_db=T(5, device=d)), ValueError, "out_db"),
+    ("layernorm_backward", "block_rows 0", lambda d: kernels.layernorm_backward(T(2, 4, device=d), T(2, 4, device=d), block_rows=0), ValueError, "block_rows"),
+    ("add_rmsnorm_backward", "du shape", lambda d: kernels.add_rmsnorm_backward(T(2, 4, device=d), T(2, 3, device=d), T(2, 4, device=d), T(2, 4, device=d), T(4, device=d)), ValueError, "du"),
+    ("add_rmsnorm_backward", "du dtype", lambda d: kernels.add_rmsnorm_backward(T(2, 4, device=d), T(2, 4, dtype=torch.bfloat16, device=d), T(2, 4, device=d), T(2, 4, device=d), T(4, device=d)), TypeError, "du"),
+    ("add_rmsnorm_backward", "residual shape", lambda d: kernels.add_rmsnorm_backward(T(2, 4, device=d), None, T(2, 4, device=d), T(1, 4, device=d), T(4, device=d)), ValueError, "residual"),
+    ("add_rmsnorm_backward", "dy dtype", lambda d: kernels.add_rmsnorm_backward(T(2, 4, dtype=torch.float16, device=d), None, T(2, 4, device=d), T(2, 4, device=d), T(4, device=d)), TypeError, "dy"),
+    ("add_rmsnorm_backward", "out_dresidual shape", lambda d: kernels.add_rmsnorm_backward(T(2, 4, device=d), None, T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dresidual=T(8, device=d)), ValueError, "out_dresidual"),
     # rope / rmsnorm_rope
     ("rope", "3-d input", lambda d: kernels.rope(T(2, 3, 4, device=d), P(2, 3, d)), ValueError, "x"),
     ("rope", "float positions", lambda d: kernels.rope(T(2, 3, 1, 4, device=d), torch.zeros(2, 3, device=d)), TypeError, "positions"),
@@ -546,6 +583,103 @@ BAD = [
     ("moe_route", "permute out_num shape", lambda d: PERM(d, out_num=torch.zeros((), dtype=torch.int32, device=d)), ValueError, "out_num"),
 ]
 
+# Backward passes (issue 20): softmax_backward, bias_gelu_backward, embedding_backward, rope_backward,
+# rmsnorm_rope_backward, swiglu_backward
+BAD += [
+    ("softmax_backward", "int dy", lambda d: kernels.softmax_backward(torch.ones(2, 4, dtype=torch.int64, device=d), T(2, 4, device=d)), TypeError, "dy"),
+    ("softmax_backward", "float64 y", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, dtype=torch.float64, device=d)), TypeError, "y"),
+    ("softmax_backward", "y not a tensor", lambda d: kernels.softmax_backward(T(2, 4, device=d), None), TypeError, "y"),
+    ("softmax_backward", "y shape", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 5, device=d)), ValueError, "y"),
+    ("softmax_backward", "y dtype", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, dtype=torch.float16, device=d)), TypeError, "y"),
+    ("softmax_backward", "y device", lambda d: kernels.softmax_backward(T(2, 4, device=d), torch.empty(2, 4, device="meta")), ValueError, "y"),
+    ("softmax_backward", "scale NaN", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), math.nan), ValueError, "scale"),
+    ("softmax_backward", "scale zero", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), 0.0), ValueError, "scale"),
+    ("softmax_backward", "scale past fp32", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), 1e39), ValueError, "scale"),
+    ("softmax_backward", "causal not a bool", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), 1.0, 1), TypeError, "causal"),
+    ("softmax_backward", "causal on 1-d", lambda d: kernels.softmax_backward(T(4, device=d), T(4, device=d), 1.0, True), ValueError, "dy"),
+    ("softmax_backward", "out shape", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), out_dx=T(4, 2, device=d)), ValueError, "out_dx"),
+    ("softmax_backward", "out dtype", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), out_dx=T(2, 4, dtype=torch.float16, device=d)), TypeError, "out_dx"),
+    ("softmax_backward", "block_cols not a power of two", lambda d: kernels.softmax_backward(T(2, 4, device=d), T(2, 4, device=d), block_cols=3), ValueError, "block_cols"),
+    ("bias_gelu_backward", "int dout", lambda d: kernels.bias_gelu_backward(torch.ones(2, 4, dtype=torch.int32, device=d), T(2, 4, device=d)), TypeError, "dout"),
+    ("bias_gelu_backward", "0-d dout", lambda d: kernels.bias_gelu_backward(torch.tensor(1.0, device=d), torch.tensor(1.0, device=d)), ValueError, "dout"),
+    ("bias_gelu_backward", "y shape", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(4, 2, device=d)), ValueError, "y"),
+    ("bias_gelu_backward", "y dtype", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, dtype=torch.float16, device=d)), TypeError, "y"),
+    ("bias_gelu_backward", "y device", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), torch.empty(2, 4, device="meta")), ValueError, "y"),
+    ("bias_gelu_backward", "bias length", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), T(5, device=d)), ValueError, "bias"),
+    ("bias_gelu_backward", "bias rank", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), T(2, 4, device=d)), ValueError, "bias"),
+    ("bias_gelu_backward", "bias dtype", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, dtype=torch.float16, device=d)), TypeError, "bias"),
+    ("bias_gelu_backward", "unknown approximate", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), None, "erf"), ValueError, "approximate"),
+    ("bias_gelu_backward", "out_dy shape", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), out_dy=T(4, 2, device=d)), ValueError, "out_dy"),
+    ("bias_gelu_backward", "out_dbias shape", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dbias=T(5, device=d)), ValueError, "out_dbias"),
+    ("bias_gelu_backward", "out_dbias dtype", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), T(4, device=d), out_dbias=T(4, dtype=torch.float16, device=d)), TypeError, "out_dbias"),
+    ("bias_gelu_backward", "out_dbias without a bias", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), out_dbias=T(4, device=d)), ValueError, "out_dbias"),
+    ("bias_gelu_backward", "block_rows not a power of two", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), block_rows=3), ValueError, "block_rows"),
+    ("bias_gelu_backward", "row_groups zero", lambda d: kernels.bias_gelu_backward(T(2, 4, device=d), T(2, 4, device=d), row_groups=0), ValueError, "row_groups"),
+    ("embedding_backward", "id past the table", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 5], device=d), 5), ValueError, "ids"),
+    ("embedding_backward", "negative id", lambda d: kernels.embedding_backward(T(1, 2, 8, device=d), torch.tensor([[1, -1]], dtype=torch.int32, device=d), 5), ValueError, "ids"),
+    ("embedding_backward", "ids into an empty table", lambda d: kernels.embedding_backward(T(1, 8, device=d), torch.tensor([0], device=d), 0), ValueError, "ids"),
+    ("embedding_backward", "float ids", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0.0, 1.0], device=d), 5), TypeError, "ids"),
+    ("embedding_backward", "int dout", lambda d: kernels.embedding_backward(torch.ones(2, 8, dtype=torch.int32, device=d), torch.tensor([0, 1], device=d), 5), TypeError, "dout"),
+    ("embedding_backward", "float64 dout", lambda d: kernels.embedding_backward(T(2, 8, dtype=torch.float64, device=d), torch.tensor([0, 1], device=d), 5), TypeError, "dout"),
+    ("embedding_backward", "dout not of the ids' shape", lambda d: kernels.embedding_backward(T(3, 8, device=d), torch.tensor([0, 1], device=d), 5), ValueError, "dout"),
+    ("embedding_backward", "dout without a feature dim", lambda d: kernels.embedding_backward(T(2, device=d), torch.tensor([0, 1], device=d), 5), ValueError, "dout"),
+    ("embedding_backward", "num_embeddings negative", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), -1), ValueError, "num_embeddings"),
+    ("embedding_backward", "num_embeddings a float", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5.0), TypeError, "num_embeddings"),
+    ("embedding_backward", "num_embeddings a tensor", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), T(5, 8, device=d)), TypeError, "num_embeddings"),
+    ("embedding_backward", "ids device", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.zeros(2, dtype=torch.int64, device="meta"), 5), ValueError, "ids"),
+    ("embedding_backward", "out_dtable shape", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, out_dtable=T(5, 7, device=d)), ValueError, "out_dtable"),
+    ("embedding_backward", "out_dtable dtype", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, out_dtable=T(5, 8, dtype=torch.float16, device=d)), TypeError, "out_dtable"),
+    ("embedding_backward", "validate an int", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, validate=0), TypeError, "validate"),
+    ("embedding_backward", "block_rows not a power of two", lambda d: kernels.embedding_backward(T(2, 8, device=d), torch.tensor([0, 1], device=d), 5, block_rows=3), ValueError, "block_rows"),
+    ("rope_backward", "3-d dy", lambda d: kernels.rope_backward(T(2, 3, 4, device=d), P(2, 3, d)), ValueError, "dy"),
+    ("rope_backward", "int dy", lambda d: kernels.rope_backward(torch.ones(2, 3, 1, 4, dtype=torch.int32, device=d), P(2, 3, d)), TypeError, "dy"),
+    ("rope_backward", "float positions", lambda d: kernels.rope_backward(T(2, 3, 1, 4, device=d), torch.zeros(2, 3, device=d)), TypeError, "positions"),
+    ("rope_backward", "positions shape", lambda d: kernels.rope_backward(T(2, 3, 1, 4, device=d), P(3, 2, d)), ValueError, "positions"),
+    ("rope_backward", "odd rotary_dim", lambda d: kernels.rope_backward(T(2, 3, 1, 8, device=d), P(2, 3, d), rotary_dim=5), ValueError, "rotary_dim"),
+    ("rope_backward", "theta zero", lambda d: kernels.rope_backward(T(2, 3, 1, 8, device=d), P(2, 3, d), 0.0), ValueError, "theta"),
+    ("rope_backward", "unknown style", lambda d: kernels.rope_backward(T(2, 3, 1, 8, device=d), P(2, 3, d), style="llama"), ValueError, "style"),
+    ("rope_backward", "out_dx shape", lambda d: kernels.rope_backward(T(2, 3, 1, 8, device=d), P(2, 3, d), out_dx=T(2, 3, 8, device=d)), ValueError, "out_dx"),
+    ("rmsnorm_rope_backward", "dy shape", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 4, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d)), ValueError, "dy"),
+    ("rmsnorm_rope_backward", "3-d dy", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d)), ValueError, "dy"),
+    ("rmsnorm_rope_backward", "dy dtype", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, dtype=torch.float16, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d)), TypeError, "dy"),
+    ("rmsnorm_rope_backward", "dy device", lambda d: kernels.rmsnorm_rope_backward(torch.empty(2, 3, 1, 8, device="meta"), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d)), ValueError, "dy"),
+    ("rmsnorm_rope_backward", "3-d x", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 8, device=d), T(2, 3, 8, device=d), T(8, device=d), P(2, 3, d)), ValueError, "x"),
+    ("rmsnorm_rope_backward", "weight length", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(4, device=d), P(2, 3, d)), ValueError, "w"),
+    ("rmsnorm_rope_backward", "weight dtype", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, dtype=torch.float16, device=d), P(2, 3, d)), TypeError, "w"),
+    ("rmsnorm_rope_backward", "eps NaN", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), math.nan), ValueError, "eps"),
+    ("rmsnorm_rope_backward", "positions shape", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(3, 2, d)), ValueError, "positions"),
+    ("rmsnorm_rope_backward", "out_dw shape", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), out_dw=T(4, device=d)), ValueError, "out_dw"),
+    ("rmsnorm_rope_backward", "out_dw dtype", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), out_dw=T(8, dtype=torch.float16, device=d)), TypeError, "out_dw"),
+    ("rmsnorm_rope_backward", "row_groups zero", lambda d: kernels.rmsnorm_rope_backward(T(2, 3, 1, 8, device=d), T(2, 3, 1, 8, device=d), T(8, device=d), P(2, 3, d), row_groups=0), ValueError, "row_groups"),
+    ("swiglu_backward", "dy shape", lambda d: SGB(d, dy=T(4, 6, device=d)), ValueError, "dy"),
+    ("swiglu_backward", "dy dtype", lambda d: SGB(d, dy=T(4, 5, dtype=torch.float16, device=d)), TypeError, "dy"),
+    ("swiglu_backward", "dy device", lambda d: SGB(d, dy=torch.empty(4, 5, device="meta")), ValueError, "dy"),
+    ("swiglu_backward", "int dy", lambda d: SGB(d, dy=torch.ones(4, 5, dtype=torch.int32, device=d)), TypeError, "dy"),
+    ("swiglu_backward", "inner dims differ", lambda d: SGB(d, w_gate=T(5, 7, device=d)), ValueError, "w_gate"),
+    ("swiglu_backward", "w_up shape", lambda d: SGB(d, w_up=T(6, 8, device=d)), ValueError, "w_up"),
+    ("swiglu_backward", "b_up length", lambda d: SGB(d, b_up=T(6, device=d)), ValueError, "b_up"),
+    ("swiglu_backward", "relu is not gated", lambda d: SGB(d, activation="relu"), ValueError, "activation"),
+    ("swiglu_backward", "out_dx shape", lambda d: SGB(d, out_dx=T(4, 5, device=d)), ValueError, "out_dx"),
+    ("swiglu_backward", "out_dw_gate shape", lambda d: SGB(d, out_dw_gate=T(8, 5, device=d)), ValueError, "out_dw_gate"),
+    ("swiglu_backward", "out_dw_up dtype", lambda d: SGB(d, out_dw_up=T(5, 8, dtype=torch.float16, device=d)), TypeError, "out_dw_up"),
+    ("swiglu_backward", "out_db_gate shape", lambda d: SGB(d, out_db_gate=T(4, device=d)), ValueError, "out_db_gate"),
+    ("swiglu_backward", "out_db_up without b_up", lambda d: SGB(d, b_up=None, out_db_up=T(5, device=d)), ValueError, "out_db_up"),
+    ("swiglu_backward", "block_k not a power of two", lambda d: SGB(d, block_k=24), ValueError, "block_k"),
+]
+EMPTY_BACKWARD = [
+    ("softmax_backward", lambda d: kernels.softmax_backward(T(0, 5, device=d), T(0, 5, device=d), 1.0, True)),
+    ("softmax_backward", lambda d: kernels.softmax_backward(T(3, 0, device=d), T(3, 0, device=d))),
+    ("bias_gelu_backward", lambda d: kernels.bias_gelu_backward(T(2, 0, device=d), T(2, 0, device=d), T(0, device=d))),
+    ("bias_gelu_backward", lambda d: kernels.bias_gelu_backward(T(0, 5, device=d), T(0, 5, device=d))),
+    ("embedding_backward", lambda d: kernels.embedding_backward(T(3, 0, device=d), torch.zeros(3, dtype=torch.int32, device=d), 5)),
+    ("embedding_backward", lambda d: kernels.embedding_backward(T(0, 4, device=d), torch.zeros(0, dtype=torch.int64, device=d), 0)),
+    ("rope_backward", lambda d: kernels.rope_backward(T(0, 3, 2, 8, device=d), P(0, 3, d))),
+    ("rmsnorm_rope_backward", lambda d: kernels.rmsnorm_rope_backward(T(2, 0, 2, 8, device=d), T(2, 0, 2, 8, device=d), T(8, device=d), P(2, 0, d))[0]),
+    ("swiglu_backward", lambda d: SGB(d, dy=T(0, 5, device=d), x=T(0, 8, device=d))[0]),
+    ("swiglu_backward", lambda d: SGB(d, dy=T(4, 0, device=d), w_gate=T(0, 8, device=d), w_up=T(0, 8, device=d), b_gate=None, b_up=None)[1]),
+    ("swiglu_backward", lambda d: SGB(d, x=T(4, 0, device=d), w_gate=T(5, 0, device=d), w_up=T(5, 0, device=d))[0]),
+]
+
 
 @pytest.mark.parametrize("op,what,call,exc,arg", [pytest.param(*b, id=f"{b[0]}-{b[1].replace(' ', '_')}",
                                                                marks=pytest.mark.op(b[0])) for b in BAD])
@@ -568,6 +702,9 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("rmsnorm", lambda d: kernels.rmsnorm(T(0, 8, device=d), T(8, device=d))),
     ("layernorm", lambda d: kernels.layernorm(T(3, 0, device=d))),
     ("add_rmsnorm", lambda d: kernels.add_rmsnorm(T(0, 8, device=d), T(0, 8, device=d), T(8, device=d))[0]),
+    ("rmsnorm_backward", lambda d: kernels.rmsnorm_backward(T(0, 8, device=d), T(0, 8, device=d), T(8, device=d))[0]),
+    ("layernorm_backward", lambda d: kernels.layernorm_backward(T(3, 0, device=d), T(3, 0, device=d), T(0, device=d), T(0, device=d))[1]),
+    ("add_rmsnorm_backward", lambda d: kernels.add_rmsnorm_backward(T(0, 8, device=d), T(0, 8, device=d), T(0, 8, device=d), T(0, 8, device=d), T(8, device=d))[1]),
     ("rope", lambda d: kernels.rope(T(0, 3, 2, 8, device=d), P(0, 3, d))),
     ("rmsnorm_rope", lambda d: kernels.rmsnorm_rope(T(2, 0, 2, 8, device=d), T(8, device=d), P(2, 0, d))),
     ("softmax", lambda d: kernels.softmax(T(0, 5, device=d), 1.0, True)),
@@ -600,6 +737,27 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
 def test_empty_input_gives_empty_output(op, call, dev):
     y = call(dev)
     assert y.numel() == 0
+
+
+@pytest.mark.parametrize("op", ["rmsnorm_backward", "layernorm_backward", "add_rmsnorm_backward"])
+def test_norm_backward_of_no_rows_gives_zero_weight_gradients(op, dev):
+    """dw (and db) sum over the rows: with none they are zeros, written without a launch."""
+    x = T(0, 8, device=dev)
+    nan = lambda: torch.full((8,), math.nan, device=dev)      # noqa: E731
+    if op == "rmsnorm_backward":
+        outs = kernels.rmsnorm_backward(x, x, T(8, device=dev), out_dw=nan())[1:]
+    elif op == "layernorm_backward":
+        outs = kernels.layernorm_backward(x, x, T(8, device=dev), T(8, device=dev), out_dw=nan(), out_db=nan())[1:]
+    else:
+        outs = kernels.add_rmsnorm_backward(x, x, x, x, T(8, device=dev), out_dw=nan())[2:]
+    assert all(torch.equal(t, torch.zeros(8, device=dev)) for t in outs)
+
+
+@pytest.mark.parametrize("op,call", [pytest.param(*e, marks=pytest.mark.op(e[0])) for e in EMPTY_BACKWARD])
+def test_backward_of_empty_input_gives_empty_gradients(op, call, dev):
+    grads = call(dev)
+    for g in grads if isinstance(grads, tuple) else (grads,):
+        assert g is None or g.numel() == 0
 
 
 @pytest.mark.op("embedding")

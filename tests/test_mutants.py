@@ -227,6 +227,69 @@ SPECIFIC = {
     },
 }
 
+def _norm_grads(i, kind, *, rows=None, projection=True, mean_g=True, weight=True, dw_shift=0, dw_scale=1.0,
+                du=True, normalise_x=False, dresidual_is_du=False, dw_db_swapped=False):
+    """The gradients of rmsnorm ("rms"), layernorm ("layer") and add_rmsnorm ("add") in float64 NumPy,
+    with pluggable bugs: dw (and db) summed over the first `rows` rows only (the first row block's
+    partial, never added to the others), dx without the projection term xhat mean(g xhat) or without
+    mean(g), g = dy without the weight, dw rolled by dw_shift columns or scaled, add_rmsnorm's du not
+    added, x normalised instead of u = x + residual, dresidual = du (the norm's share dropped), dw and
+    db swapped."""
+    x, dy = _x(i), f64(i["dy"])
+    D = x.shape[-1]
+    if kind == "add" and not normalise_x:
+        x = _rounded(i["x"].dtype)(x + f64(i["residual"]))
+    w = np.ones(D) if i["w"] is None or not weight else f64(i["w"])
+    xc = x - x.mean(-1, keepdims=True) if kind == "layer" else x
+    rstd = 1 / np.sqrt((xc * xc).mean(-1, keepdims=True) + i["eps"])
+    xhat = xc * rstd
+    g = dy * w
+    dx = g - g.mean(-1, keepdims=True) if kind == "layer" and mean_g else g
+    if projection:
+        dx = dx - xhat * (g * xhat).mean(-1, keepdims=True)
+    dx = rstd * dx
+    keep = slice(0, rows)
+    dw = dw_scale * np.roll((dy * xhat).reshape(-1, D)[keep].sum(0), dw_shift)
+    if kind == "add":
+        du_ = f64(i["du"])
+        return tensor(dx + du_ if du else dx), tensor(du_ if dresidual_is_du else dx + du_), tensor(dw)
+    out = [dx]
+    if kind == "rms" or i["w"] is not None:
+        out.append(dw)
+    if kind == "layer" and i["b"] is not None:
+        out.append(dy.reshape(-1, D)[keep].sum(0))
+    if dw_db_swapped:
+        out[1], out[2] = out[2], out[1]
+    return tuple(tensor(o) for o in out)
+
+
+# (16, 64): four row blocks of 4 rows; only the first one's dw partial reaches the result.
+_FIRST_BLOCK = (dict(shape=(16, 64)), 4)
+SPECIFIC["rmsnorm_backward"] = {
+    "dw_first_row_block_only": (_FIRST_BLOCK[0], lambda i, e: _norm_grads(i, "rms", rows=_FIRST_BLOCK[1])),
+    "dw_times_two": ({}, lambda i, e: _norm_grads(i, "rms", dw_scale=2.0)),
+    "dw_shifted_one_column": ({}, lambda i, e: _norm_grads(i, "rms", dw_shift=1)),
+    "dx_without_projection": ({}, lambda i, e: _norm_grads(i, "rms", projection=False)),
+    "dx_weight_missing": ({}, lambda i, e: _norm_grads(i, "rms", weight=False)),
+}
+SPECIFIC["layernorm_backward"] = {
+    "dw_first_row_block_only": (_FIRST_BLOCK[0], lambda i, e: _norm_grads(i, "layer", rows=_FIRST_BLOCK[1])),
+    "dw_times_two": ({}, lambda i, e: _norm_grads(i, "layer", dw_scale=2.0)),
+    "dw_shifted_one_column": ({}, lambda i, e: _norm_grads(i, "layer", dw_shift=1)),
+    "dw_db_swapped": ({}, lambda i, e: _norm_grads(i, "layer", dw_db_swapped=True)),
+    "dx_without_projection": ({}, lambda i, e: _norm_grads(i, "layer", projection=False)),
+    "dx_without_mean_gradient": ({}, lambda i, e: _norm_grads(i, "layer", mean_g=False)),
+    "dx_weight_missing": ({}, lambda i, e: _norm_grads(i, "layer", weight=False)),
+}
+SPECIFIC["add_rmsnorm_backward"] = {
+    "dw_first_row_block_only": (_FIRST_BLOCK[0], lambda i, e: _norm_grads(i, "add", rows=_FIRST_BLOCK[1])),
+    "dw_shifted_one_column": ({}, lambda i, e: _norm_grads(i, "add", dw_shift=1)),
+    "dx_without_projection": ({}, lambda i, e: _norm_grads(i, "add", projection=False)),
+    "du_not_added": ({}, lambda i, e: _norm_grads(i, "add", du=False)),
+    "x_normalised_not_u": ({}, lambda i, e: _norm_grads(i, "add", normalise_x=True)),
+    "dresidual_is_du": ({}, lambda i, e: _norm_grads(i, "add", dresidual_is_du=True)),
+}
+
 SPECIFIC["flash_attention"] = {
     "causal_diagonal_plus_one": (dict(causal=True), lambda i, e: _attn(i["q"], i["k"], i["v"], i["scale"],
                                                                       _bottom_right(+1))),
@@ -252,6 +315,114 @@ SPECIFIC["embedding"] = {
     "id_off_by_one": ({}, lambda i, e: (_embed((i["ids"] + 1) % i["table"].shape[0], i["table"]),)),
     "neighbouring_token_row": ({}, lambda i, e: (_embed(i["ids"].reshape(-1).roll(1).reshape(i["ids"].shape),
                                                         i["table"]),)),
+}
+
+
+def _softmax_bwd(i, *, scale=None, visible_shift=0, no_row_sum=False, sum_axis=-1):
+    """softmax_backward in float64 with pluggable bugs: another scale, the causal diagonal shifted,
+    the row sum left out (only the Jacobian's diagonal), the sum taken over another axis."""
+    dy, y = f64(i["dy"]), f64(i["y"])
+    if i["causal"]:
+        M, N = dy.shape[-2:]
+        vis = np.arange(N)[None, :] <= np.arange(M)[:, None] + (N - M) + visible_shift
+        dy, y = np.where(vis, dy, 0.0), np.where(vis, y, 0.0)
+    s = 0.0 if no_row_sum else (dy * y).sum(sum_axis, keepdims=True)
+    dx = (i["scale"] if scale is None else scale) * y * (dy - s)
+    return (tensor(np.where(vis, dx, 0.0) if i["causal"] else dx),)
+
+
+def _gelu_slope(x, approximate, *, no_pdf=False):
+    """gelu'(x) in float64 NumPy (written apart from the oracle), with the x phi(x) term droppable."""
+    with np.errstate(all="ignore"):
+        if approximate == "tanh":
+            c = math.sqrt(2 / math.pi)
+            t = np.tanh(c * (x + 0.044715 * x ** 3))
+            return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x ** 2)
+        erf = np.vectorize(math.erf, otypes=[np.float64])
+        phi = 0.5 * (1 + erf(x / math.sqrt(2)))
+        return phi if no_pdf else phi + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _gelu_bwd(i, *, form=None, no_pdf=False, bias_in_slope=True, dbias_rows=None, dbias_of_dout=False):
+    """bias_gelu_backward in float64 with pluggable bugs: the other form's slope, the slope without its
+    x phi(x) term, the bias left out of the slope's argument, dbias summed over the first dbias_rows
+    rows only (one row block, not reduced across blocks), dbias as the sum of dout."""
+    dout, b = f64(i["dout"]), f64(i["bias"])
+    x = f64(i["y"]) + (b if bias_in_slope else 0.0)
+    dy = dout * _gelu_slope(x, form or i["approximate"], no_pdf=no_pdf)
+    rows = (dout if dbias_of_dout else dy).reshape(-1, dy.shape[-1])
+    return tensor(dy), tensor(rows[:dbias_rows].sum(0))
+
+
+SPECIFIC["bias_gelu_backward"] = {
+    "tanh_slope_for_erf": (dict(approximate="none"), lambda i, e: _gelu_bwd(i, form="tanh")),
+    "erf_slope_for_tanh": (dict(approximate="tanh"), lambda i, e: _gelu_bwd(i, form="none")),
+    "slope_without_pdf_term": ({}, lambda i, e: _gelu_bwd(i, no_pdf=True)),
+    "bias_missing_in_slope": ({}, lambda i, e: _gelu_bwd(i, bias_in_slope=False)),
+    "dbias_not_reduced_across_row_blocks": ({}, lambda i, e: _gelu_bwd(i, dbias_rows=16)),
+    "dbias_sums_dout": ({}, lambda i, e: _gelu_bwd(i, dbias_of_dout=True)),
+}
+def _embed_bwd(i, *, ids=None, last_write_wins=False, mean=False):
+    """embedding_backward in float64 with pluggable bugs: other ids, a scatter that keeps only the last
+    token of each id instead of adding them up, the mean of a row's tokens instead of their sum."""
+    ids = (i["ids"] if ids is None else ids).reshape(-1).cpu().long().numpy()
+    g = f64(i["dout"]).reshape(ids.size, -1)
+    dt = np.zeros((i["num_embeddings"], g.shape[-1]))
+    if last_write_wins:
+        dt[ids] = g
+    else:
+        np.add.at(dt, ids, g)
+    if mean:
+        dt /= np.maximum(np.bincount(ids, minlength=dt.shape[0]), 1)[:, None]
+    return (tensor(dt),)
+
+
+SPECIFIC["embedding_backward"] = {
+    "scatter_drops_repeats": ({}, lambda i, e: _embed_bwd(i, last_write_wins=True)),
+    "mean_of_repeats": ({}, lambda i, e: _embed_bwd(i, mean=True)),
+    "id_off_by_one": ({}, lambda i, e: _embed_bwd(i, ids=(i["ids"] + 1) % i["num_embeddings"])),
+    "neighbouring_token_row": ({}, lambda i, e: _embed_bwd(i, ids=i["ids"].reshape(-1).roll(1))),
+}
+def _rope_bwd(i, *, sign=-1, style=None, R=None, pos_shift=0):
+    """rope_backward in float64 (R^T dy: the rotation by minus the angle), with _rope's bugs."""
+    return (tensor(_rope(f64(i["dy"]), i["positions"], i["theta"], R or i["rotary_dim"], style or i["style"],
+                         sign=sign, pos_shift=pos_shift)),)
+
+
+def _rms_rope_bwd(i, *, sign=-1, dw_of_dy=False, no_norm_grad=False, dw_tokens=None, dw_heads=None, eps=None):
+    """rmsnorm_rope_backward in float64 with pluggable bugs: g = R dy instead of R^T dy, dw of the
+    unrotated dy, dx without the normalisation's own gradient (r g w), dw summed over the first
+    dw_tokens tokens only (not across row blocks) or the first dw_heads heads only, another eps."""
+    x, w, dy = f64(i["x"]), f64(i["w"]), f64(i["dy"])
+    g = _rope(dy, i["positions"], i["theta"], i["rotary_dim"], i["style"], sign=sign)
+    r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + (i["eps"] if eps is None else eps))
+    n, v = x * r, g * w
+    dx = r * v if no_norm_grad else r * (v - n * (v * n).mean(-1, keepdims=True))
+    terms = (dy if dw_of_dy else g) * n                         # [B, T, H, D]
+    terms = terms.reshape(-1, *terms.shape[2:])[:dw_tokens, :dw_heads]
+    return tensor(dx), tensor(terms.sum((0, 1)))
+
+
+SPECIFIC["rope_backward"] = {
+    "rotates_forwards": ({}, lambda i, e: _rope_bwd(i, sign=1)),
+    "other_style": ({}, lambda i, e: _rope_bwd(i, style="gptj" if i["style"] == "neox" else "neox")),
+    "position_off_by_one": ({}, lambda i, e: _rope_bwd(i, pos_shift=1)),
+    "partial_rotary_ignored": (dict(rotary_dim=32), lambda i, e: _rope_bwd(i, R=i["dy"].shape[-1])),
+}
+SPECIFIC["rmsnorm_rope_backward"] = {
+    "rotation_not_inverted": ({}, lambda i, e: _rms_rope_bwd(i, sign=1)),
+    "dw_of_unrotated_dy": ({}, lambda i, e: _rms_rope_bwd(i, dw_of_dy=True)),
+    "norm_gradient_missing": ({}, lambda i, e: _rms_rope_bwd(i, no_norm_grad=True)),
+    "dw_not_reduced_across_row_blocks": ({}, lambda i, e: _rms_rope_bwd(i, dw_tokens=1)),
+    "dw_not_summed_over_heads": ({}, lambda i, e: _rms_rope_bwd(i, dw_heads=1)),
+    "eps_missing": (dict(values="small"), lambda i, e: _rms_rope_bwd(i, eps=0.0)),
+}
+SPECIFIC["softmax_backward"] = {
+    "scale_missing": ({}, lambda i, e: _softmax_bwd(i, scale=1.0)),
+    "row_sum_missing": ({}, lambda i, e: _softmax_bwd(i, no_row_sum=True)),
+    "sum_over_rows": ({}, lambda i, e: _softmax_bwd(i, sum_axis=-2)),
+    "causal_diagonal_plus_one": (dict(causal=True), lambda i, e: _softmax_bwd(i, visible_shift=1)),
+    "causal_diagonal_minus_one": (dict(causal=True), lambda i, e: _softmax_bwd(i, visible_shift=-1)),
 }
 SPECIFIC["decode_attention"] = {
     "reads_one_slot_past_seqlen": ({}, lambda i, e: (_decode_as_prefill(
@@ -380,6 +551,47 @@ SPECIFIC["swiglu"] = {
     "bias_missing": ({}, lambda i, e: _sg(i, b_gate=None, b_up=None)),
     "up_bias_missing": ({}, lambda i, e: _sg(i, b_up=None)),
     "wrong_activation": ({}, lambda i, e: _sg(i, act="gelu")),
+}
+
+def _slope(z, name):
+    """act'(z) in float64 NumPy: silu's from the sigmoid, the GELUs' from _gelu_slope."""
+    if name == "silu":
+        sig = 1 / (1 + np.exp(-z))
+        return sig * (1 + z * (1 - sig))
+    return _gelu_slope(z, "tanh" if name == "gelu_tanh" else "none")
+
+
+def _sg_bwd(i, *, swap=False, no_slope=False, dx_gate_only=False, dw_transposed=False, dw_up_of_gate=False,
+            db_rows=None):
+    """swiglu_backward in float64 with pluggable bugs: gate and up swapped, act' left out of dz_gate,
+    dx without the up path, dw_gate's [N, K] storage read as [K, N] (a transposed d(weight)), dw_up
+    from dz_gate, db summed over the first db_rows rows only (not reduced across row blocks)."""
+    x, wg, wu, dy = f64(i["x"]), f64(i["w_gate"]), f64(i["w_up"]), f64(i["dy"])
+    N, K = wg.shape
+    x, dy = x.reshape(-1, K), dy.reshape(-1, N)
+    if swap:
+        wg, wu = wu, wg
+    zg, zu = x @ wg.T + f64(i["b_gate"]), x @ wu.T + f64(i["b_up"])
+    if swap:
+        zg, zu = zu, zg
+    dz_gate = dy * zu * (1.0 if no_slope else _slope(zg, i["activation"]))
+    dz_up = dy * _act(zg, i["activation"])
+    dx = dz_gate @ wg + (0.0 if dx_gate_only else dz_up @ wu)
+    dwg, dwu = dz_gate.T @ x, (dz_gate if dw_up_of_gate else dz_up).T @ x
+    if dw_transposed:
+        dwg = dwg.T.reshape(N, K)
+    return (tensor(dx.reshape(i["x"].shape)), tensor(dwg), tensor(dwu), tensor(dz_gate[:db_rows].sum(0)),
+            tensor(dz_up[:db_rows].sum(0)))
+
+
+SPECIFIC["swiglu_backward"] = {
+    "gate_up_swapped": ({}, lambda i, e: _sg_bwd(i, swap=True)),
+    "slope_missing": ({}, lambda i, e: _sg_bwd(i, no_slope=True)),
+    "dx_without_up_path": ({}, lambda i, e: _sg_bwd(i, dx_gate_only=True)),
+    "dw_transposed": ({}, lambda i, e: _sg_bwd(i, dw_transposed=True)),
+    "dw_up_from_dz_gate": ({}, lambda i, e: _sg_bwd(i, dw_up_of_gate=True)),
+    "db_not_reduced_across_row_blocks": ({}, lambda i, e: _sg_bwd(i, db_rows=16)),
+    "wrong_activation": ({}, lambda i, e: _sg_bwd({**i, "activation": "gelu"})),
 }
 
 def _quant(i, *, scale_mult=1.0, invert=False, truncate=False, zero_amax_nan=False, tensor_amax=False):
@@ -777,7 +989,8 @@ SPECIFIC["moe_mxfp4"] = {
 }
 
 # Default case shape per op family: big enough for every mutant to show.
-BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
+BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rmsnorm_backward": (5, 64),
+        "layernorm_backward": (5, 64), "add_rmsnorm_backward": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
         "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "mla_decode": (3, 24, 2, 4, 16, 4),
         "adamw": (4, 64),
@@ -789,13 +1002,20 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope"
         "gated_delta_rule": (2, 70, 2, 4, 16, 12),              # Hv / Hk 2 with Hk 2 (the head map shows), 2 chunks
         "moe_route": (24, 8),                                   # 72 entries over 8 experts, blocks of 4
         "moe": (24, 40, 24, 8),                                 # T 24, H 40, I 24, E 8
-        "moe_mxfp4": (24, 96, 64, 8)}                           # T 24, H 96 (a partial K tile), I 64, E 8
-BASE_PARAMS = {"softmax": dict(scale=0.7), "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
+        "moe_mxfp4": (24, 96, 64, 8),                           # T 24, H 96 (a partial K tile), I 64, E 8
+        "softmax_backward": (2, 7, 12), "bias_gelu_backward": (40, 64),
+        "embedding_backward": (24, 16),                         # 24 tokens over 10 ids: repeats
+        "rope_backward": (2, 3, 4, 64), "rmsnorm_rope_backward": (2, 3, 4, 64),
+        "swiglu_backward": (24, 40, 20)}
+BASE_PARAMS = {"softmax": dict(scale=0.7), "softmax_backward": dict(scale=0.7), "embedding_backward": dict(vocab=10),
+               "rope": dict(positions="any"), "rmsnorm_rope": dict(positions="any"),
+               "rope_backward": dict(positions="any"), "rmsnorm_rope_backward": dict(positions="any"),
                "decode_attention": dict(lens="24,20,17"),
                "mla_decode": dict(lens="24,20,1", num_splits=2),   # Tq 2: the first row of lens 1 sees nothing
                # large lr and decay, a few steps: where a wrong rule shows against bf16 rounding
                "adamw": dict(steps=3, lr=0.3, weight_decay=0.5),
                "matmul": dict(activation="gelu", bias=True), "swiglu": dict(activation="silu", bias=True),
+               "swiglu_backward": dict(activation="silu", bias=True),
                "quantize_fp8": dict(fmt="e4m3fn", granularity="row"),
                "fp8_matmul": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True),
                "fp8_matmul_fast_accum": dict(fmt="e4m3fn", gran_a="row", gran_b="row", bias=True),

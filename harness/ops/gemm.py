@@ -1,4 +1,4 @@
-"""matmul and swiglu: cases, and how to call kernel / reference / oracle.
+"""matmul, swiglu and swiglu_backward: cases, and how to call kernel / reference / oracle.
 
 A case's shape is (*leading dims of a, N, K): a is [*lead, K], the weights [N, K]. The case's
 value regime applies to a (the activations flowing in); weights are N(0, 1) unless the
@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 import kernels
 import oracles
 import references
-from harness.cases import Case, make_input, make_param
+from harness.cases import GRAD_REGIMES, Case, make_input, make_param
+from harness.compare import Magnitudes
 from harness.op import Op
 from harness.strategies import layouts, lead_shapes, regimes, seeds
 from oracles._torch import f64, one_thread
-from oracles.gemm import activate, linear
+from oracles.gemm import activate, activation_slope, linear
 
 GEMM_REGIMES = ("normal", "large", "tiny", "small", "constant", "offset", "outlier", "nonfinite")
 ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "relu")
@@ -46,6 +47,11 @@ class GemmOp(Op):
     default_activation = "none"
     nonfinite_weights = True
     tma_params: dict = {}       # params that send a contiguous 16-bit case down the TMA path
+    grads = False               # swiglu_backward: biases always, and an upstream gradient regime
+    grad_regimes = GRAD_REGIMES
+
+    def grad_choices(self, values):
+        return self.grad_regimes
 
     def _operands(self, case, device, n_weights):
         gen = case.generator()
@@ -69,10 +75,13 @@ class GemmOp(Op):
             N, K = draw(_dims(size)), draw(_dims(size))
             rows = max(1, min(MAX_ROWS[size], MAX_MACS[size] // (N * K)))
             lead = draw(lead_shapes(rows, max_dims=2))
-            params = {"activation": draw(st.sampled_from(self.activations)), "bias": draw(st.booleans())}
+            params = {"activation": draw(st.sampled_from(self.activations)),
+                      "bias": True if self.grads else draw(st.booleans())}
             layout = draw(layouts(exclude=("bhtd",)))
             values, seed = draw(regimes(self.name, dtype, config, GEMM_REGIMES)), draw(seeds())
             params.update(self.extra_params(draw, layout))     # drawn last: earlier draws stay put
+            if self.grads:
+                params["grad"] = draw(st.sampled_from(self.grad_choices(values)))
             return Case.make(self.name, dtype, (*lead, N, K), layout=layout, values=values, seed=seed,
                              config=config, **params)
         return draw_case()
@@ -212,4 +221,103 @@ class SwiGLU(GemmOp):
         return (scale,)
 
 
-OPS = {op.name: op for op in (Matmul(), SwiGLU())}
+class SwiGLUBackward(SwiGLU):
+    """(dx, dw_gate, dw_up, db_gate, db_up) from dy [*lead, N] and the forward's inputs. The case's
+    value regime and layout are x's (dy is stored in the same layout); "grad" is dy's regime. Every
+    case has both biases (the launcher's no-bias path is checked against zero biases in
+    tests/test_grad_pointwise.py)."""
+    name = "swiglu_backward"
+    outputs = ("dx", "dw_gate", "dw_up", "db_gate", "db_up")
+    grads = True
+    # No infinite dy: where fp32's act'(z_gate) or act(z_gate) underflows to 0 (gelu' below z ~ -14,
+    # gelu_tanh' ~ -10.6) an infinite dy gives 0 * inf = NaN in any fp32 evaluation, while the float64
+    # oracle's tiny slope gives inf (as swiglu leaves out non-finite weights). Non-finite x is checked.
+    grad_regimes = tuple(g for g in GRAD_REGIMES if g != "nonfinite")
+
+    def grad_choices(self, values):
+        """Huge x with huge dy is outside the domain: dw = dz^T x then holds products of three huge
+        numbers (1e15^3 in fp32 and bf16), past fp32's range inside the accumulator (inf - inf)."""
+        return tuple(g for g in self.grad_regimes if not (values == "large" and g == "large"))
+
+    def inputs(self, case, device):
+        inp = super().inputs(case, device)
+        if inp["b_gate"] is None:
+            raise ValueError(f"{case.id}: a swiglu_backward case needs the biases")
+        *lead, N, K = case.shape
+        inp["dy"] = make_input((*lead, N), case.dtype, case.generator().manual_seed(case.seed + 1), device,
+                              values=case.param("grad", "normal"), layout=case.layout)
+        return inp
+
+    def output_shapes(self, inp):
+        N, K = inp["w_gate"].shape
+        return {"dx": tuple(inp["x"].shape), "dw_gate": (N, K), "dw_up": (N, K), "db_gate": (N,), "db_up": (N,)}
+
+    def _args(self, inp):
+        return (inp["dy"], *super()._args(inp))
+
+    def kernel(self, inp, out, **config):
+        return kernels.swiglu_backward(*self._args(inp), out_dx=out["dx"], out_dw_gate=out["dw_gate"],
+                                       out_dw_up=out["dw_up"], out_db_gate=out["db_gate"], out_db_up=out["db_up"],
+                                       **config)
+
+    def reference(self, inp):
+        return references.swiglu_backward(*self._args(inp))
+
+    def oracle(self, inp):
+        return oracles.swiglu_backward(*self._args(inp))
+
+    @one_thread
+    def error_scale(self, inp, expected):
+        """Two kinds of error, two terms. rtol: the roundings in the output's unit: dz (fp32, truncated
+        to TF32 by a GPU's 16-bit path), the second GEMM's fp32 sum and the output's rounding, relative
+        to that GEMM's sum of |terms| with the float64 dz: dx to |dz_gate| |w_gate| + |dz_up| |w_up|, dw
+        to |dz|^T |x|, db to the column sums of |dz|. bound_rtol: the fp32 errors dz inherits from the
+        recomputed projections (each relative to its S = sum |x| |w| + |b|; |act''| <= 1,
+        |act'| <= 1.13) and from the activation in fp32, which are absolute where it cancels or leaves
+        fp32's range (act by up to ~|z| 2^-24: GELU's 1 + erf below z ~ -3, silu's exp(-z) overflowing
+        below -88; act' by ~1.2e-7): B_gate = |dy| (|act'(z_gate)| S_up + |z_up| (S_gate + 1)) and
+        B_up = |dy| (|act(z_gate)| + (|act'(z_gate)| + 1) S_gate), carried through the second GEMM the
+        same way. And an fp32 product below fp32's normal range (x in the tiny regime: dz x) rounds to
+        the subnormal grid of 2^-149 whatever its size: dx and dw get an absolute allowance of 2^-150
+        per product of their dots (2N and M)."""
+        xn = f64(inp["x"])
+        bg, bu = (None if b is None else f64(b) for b in (inp["b_gate"], inp["b_up"]))
+        wg, wu = f64(inp["w_gate"]), f64(inp["w_up"])
+        N, K = wg.shape
+        zg, zu = linear(xn, wg, bg), linear(xn, wu, bu)
+        s_gate = _abs_linear(inp["x"], inp["w_gate"], inp["b_gate"])
+        s_up = _abs_linear(inp["x"], inp["w_up"], inp["b_up"])
+        d = f64(inp["dy"]).abs()
+        slope = activation_slope(zg, inp["activation"]).abs()
+        act = activate(zg, inp["activation"]).abs()
+        M = xn.numel() // K if K else d.numel() // max(N, 1)
+        rows = xn.abs().reshape(M, K)
+        wg, wu = wg.abs(), wu.abs()
+
+        def carried(e_gate, e_up):
+            """(dx, dw_gate, dw_up, db_gate, db_up) of the given dz magnitudes."""
+            e_gate, e_up = e_gate.reshape(M, N), e_up.reshape(M, N)
+            return ((linear(e_gate, wg.t()) + linear(e_up, wu.t())).reshape(xn.shape), linear(e_gate.t(), rows.t()),
+                    linear(e_up.t(), rows.t()), e_gate.sum(0), e_up.sum(0))
+        value = carried(d * zu.abs() * slope, d * act)
+        bound = carried(d * (slope * s_up + zu.abs() * (s_gate + 1)), d * (act + (slope + 1) * s_gate))
+        sub = 2.0 ** -150           # half the fp32 subnormal spacing
+        extra = (2 * N * sub, M * sub, M * sub, None, None)
+        return tuple(Magnitudes(value=v, bound=b, extra=None if e is None else torch.full_like(v, e))
+                     for v, b, e in zip(value, bound, extra))
+
+    def pinned(self, dtype):
+        out = [c for c in super().pinned(dtype) if c.param("bias", False)]    # the forward's, with biases
+
+        def case(shape, seed=0, **kw):
+            kw.setdefault("bias", True)
+            return Case.make(self.name, dtype, shape, seed=seed, **kw)
+        for act in self.activations:
+            # Rows of zero, huge and non-finite dy.
+            out += [case((9, 20, 33), seed=90, grad=g, activation=act) for g in self.grad_regimes if g != "normal"]
+        # Long reductions for dw and db: 300 rows in tiles of 16 (small config) and in the auto tiles.
+        out += [case((300, 8, 24), seed=91, config="small"), case((2, 150, 12, 20), seed=92, activation="gelu")]
+        return out
+
+
+OPS = {op.name: op for op in (Matmul(), SwiGLU(), SwiGLUBackward())}

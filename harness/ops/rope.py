@@ -1,4 +1,4 @@
-"""rope and rmsnorm_rope: cases, and how to call kernel / reference / oracle."""
+"""rope and rmsnorm_rope and their backward passes: cases, and how to call kernel / reference / oracle."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 import kernels
 import oracles
 import references
-from harness.cases import Case, make_input, make_param
+from harness.cases import GRAD_REGIMES, Case, make_input, make_param
+from harness.compare import Magnitudes
 from harness.op import Op
 from harness.strategies import layouts, lead_shapes, regimes, row_budget, seeds
 from oracles._torch import one_thread
@@ -21,8 +22,24 @@ POSITIONS = {"small": (0, 4096), "large": (100_000, 1_000_001), "any": (-(2**20)
 DRAWN_POSITIONS = ("small", "large", "any")
 
 
+def pair_length(y, rotary_dim, style):
+    """|y| with each element of a rotated pair replaced by the pair's length sqrt(y_a^2 + y_b^2)
+    (float64): what a rotation's rounding is relative to."""
+    y = y.to(torch.float64)
+    scale = y.abs()
+    half = rotary_dim // 2
+    i = torch.arange(half, device=y.device)
+    a, b = (i, i + half) if style == "neox" else (2 * i, 2 * i + 1)
+    length = torch.hypot(y[..., a], y[..., b])
+    scale[..., a] = length
+    scale[..., b] = length
+    return scale
+
+
 class RopeOp(Op):
     norm = False
+    value_regimes = ROPE_REGIMES
+    grads = False       # rmsnorm_rope_backward: an upstream gradient regime too (the case param "grad")
 
     def inputs(self, case, device):
         gen = case.generator()
@@ -42,15 +59,7 @@ class RopeOp(Op):
     @one_thread
     def error_scale(self, inputs, expected):
         """rtol is relative to the length of each rotated pair (pass-through dims: |y|)."""
-        (y,) = expected
-        scale = y.abs().clone()
-        half = inputs["rotary_dim"] // 2
-        i = torch.arange(half, device=y.device)
-        a, b = (i, i + half) if inputs["style"] == "neox" else (2 * i, 2 * i + 1)
-        length = torch.hypot(y[..., a], y[..., b])
-        scale[..., a] = length
-        scale[..., b] = length
-        return (scale,)
+        return (pair_length(expected[0], inputs["rotary_dim"], inputs["style"]),)
 
     def cases(self, dtype, size, config):
         @st.composite
@@ -64,8 +73,11 @@ class RopeOp(Op):
                       "positions": draw(st.sampled_from(DRAWN_POSITIONS))}
             if self.norm:
                 params["eps"] = draw(st.sampled_from((1e-6, 1e-5)))
+            if self.grads:
+                params["grad"] = draw(st.sampled_from(GRAD_REGIMES))
             return Case.make(self.name, dtype, (B, T, H, D), layout=draw(layouts()),
-                             values=draw(regimes(self.name, dtype, config, ROPE_REGIMES)), seed=draw(seeds()), config=config, **params)
+                             values=draw(regimes(self.name, dtype, config, self.value_regimes)), seed=draw(seeds()),
+                             config=config, **params)
         return draw_case()
 
     def pinned(self, dtype):
@@ -117,4 +129,94 @@ class RMSNormRope(RopeOp):
                                      inp["rotary_dim"]),)
 
 
-OPS = {op.name: op for op in (Rope(), RMSNormRope())}
+class RopeBackward(Rope):
+    """dx from dy (the rotation is linear: no x). The case's value regime and layout are dy's."""
+    name = "rope_backward"
+    outputs = ("dx",)
+    value_regimes = ROPE_REGIMES + ("zero",)
+
+    def inputs(self, case, device):
+        inp = super().inputs(case, device)
+        inp["dy"] = inp.pop("x")
+        return inp
+
+    def kernel(self, inp, out, **config):
+        return (kernels.rope_backward(inp["dy"], inp["positions"], inp["theta"], inp["rotary_dim"], inp["style"],
+                                      out_dx=out["dx"], **config),)
+
+    def reference(self, inp):
+        return (references.rope_backward(inp["dy"], inp["positions"], inp["theta"], inp["rotary_dim"], inp["style"]),)
+
+    def oracle(self, inp):
+        return (oracles.rope_backward(inp["dy"], inp["positions"], inp["theta"], inp["rotary_dim"], inp["style"]),)
+
+    def output_shapes(self, inputs):
+        return {"dx": tuple(inputs["dy"].shape)}
+
+    def pinned(self, dtype):
+        # The forward's catalogue (its value regimes now dy's), and a dy of zeros.
+        return super().pinned(dtype) + [Case.make(self.name, dtype, (2, 3, 4, 64), values="zero", seed=2)]
+
+
+class RMSNormRopeBackward(RMSNormRope):
+    """(dx, dw) from dy and the forward's inputs. The case's value regime and layout are x's (dy is
+    stored in the same layout); the param "grad" is dy's regime. Config "grouped": dw summed in 3
+    groups of tokens (each program walks several tokens)."""
+    name = "rmsnorm_rope_backward"
+    outputs = ("dx", "dw")
+    configs = {"auto": {}, "grouped": {"row_groups": 3}}
+    value_regimes = ROPE_REGIMES + ("small", "constant")
+    grads = True
+
+    def inputs(self, case, device):
+        inp = super().inputs(case, device)
+        inp["dy"] = make_input(case.shape, case.dtype, case.generator().manual_seed(case.seed + 1), device,
+                              values=case.param("grad", "normal"), layout=case.layout)
+        return inp
+
+    def output_shapes(self, inputs):
+        return {"dx": tuple(inputs["x"].shape), "dw": tuple(inputs["w"].shape)}
+
+    def _args(self, inp):
+        return (inp["dy"], inp["x"], inp["w"], inp["positions"], inp["eps"], inp["theta"], inp["style"],
+                inp["rotary_dim"])
+
+    def kernel(self, inp, out, **config):
+        return kernels.rmsnorm_rope_backward(*self._args(inp), out_dx=out["dx"], out_dw=out["dw"], **config)
+
+    def reference(self, inp):
+        return references.rmsnorm_rope_backward(*self._args(inp))
+
+    def oracle(self, inp):
+        return oracles.rmsnorm_rope_backward(*self._args(inp))
+
+    @one_thread
+    def error_scale(self, inp, expected):
+        """g = R^T dy rounds relative to dy's pair lengths L, so g w and the row's mean of g w n round
+        relative to G = |w| L: dx_j = r (g_j w_j - n_j mean(g w n)) is judged relative to
+        r (G_j + |n_j| mean(G |n|)) (>= |dx_j|), and dw relative to the sum over the rows of L |n|."""
+        dx, _ = expected
+        x = inp["x"].detach().to(dx.device, torch.float64)
+        L = pair_length(inp["dy"].detach().to(dx.device), inp["rotary_dim"], inp["style"])
+        r = 1.0 / torch.sqrt((x * x).mean(-1, keepdim=True) + inp["eps"])
+        n = (x * r).abs()
+        G = inp["w"].detach().to(dx.device, torch.float64).abs() * L
+        D = x.shape[-1]
+        return (r * (G + n * (G * n).mean(-1, keepdim=True)), (L * n).reshape(-1, D).sum(0))
+
+    def pinned(self, dtype):
+        out = super().pinned(dtype)             # the forward's catalogue, dy ~ N(0, 1)
+
+        def case(shape, seed=0, **kw):
+            return Case.make(self.name, dtype, shape, seed=seed, **kw)
+        out += [case((2, 3, 4, 64), values=v, seed=2) for v in ("small", "constant")]
+        for g in ("zero_rows", "large", "nonfinite"):
+            out += [case((2, 3, 4, 64), grad=g, seed=40), case((1, 3, 2, 40), grad=g, rotary_dim=32, seed=41)]
+        # dw over many rows: 256 tokens x 2 heads (256 groups of one token), 64 tokens x 32 heads
+        # (several heads a program), and 3 groups of 40 tokens with a pass-through part and gptj pairs.
+        out += [case((2, 128, 2, 16), seed=42), case((1, 64, 32, 64), seed=43),
+                case((2, 60, 3, 40), rotary_dim=24, style="gptj", config="grouped", seed=44)]
+        return out
+
+
+OPS = {op.name: op for op in (Rope(), RMSNormRope(), RopeBackward(), RMSNormRopeBackward())}
