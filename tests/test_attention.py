@@ -203,7 +203,8 @@ def test_a_near_tie_of_huge_scores_may_take_either_value_and_nothing_else():
 # flash_attention_backward and FlashAttentionFunction ---------------------------------------------
 
 def _qkvdo(B, Tq, Tk, Hq, Hkv, D, dtype, dev, seed=20):
-    q, k, v = (_rand(s, dtype, dev, seed + i) for i, s in enumerate(((B, Tq, Hq, D), (B, Tk, Hkv, D), (B, Tk, Hkv, D))))
+    shapes = ((B, Tq, Hq, D), (B, Tk, Hkv, D), (B, Tk, Hkv, D))
+    q, k, v = (_rand(s, dtype, dev, seed + i) for i, s in enumerate(shapes))
     return q, k, v, _rand((B, Tq, Hq, D), dtype, dev, seed + 3)
 
 
