@@ -480,7 +480,7 @@ def _attn_bwd_delta_kernel(o_ptr, do_ptr, delta_ptr, cu_q_ptr, Tq, D, so_b, so_t
                            VARLEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """delta[b, h, i] = sum_d out[i, d] dout[i, d] in fp32 (delta is contiguous along i)."""
     start_m = tl.program_id(0) * BLOCK_M
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     if VARLEN:
         q_start = tl.load(cu_q_ptr + b).to(tl.int64)
@@ -549,7 +549,7 @@ def _attn_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr,
     """dk, dv of BLOCK_N keys of KV head kvh: k and v stay in registers while the query tiles of
     the GROUP query heads that read this KV head go by, in a fixed order."""
     start_n = tl.program_id(0) * BLOCK_N
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     if VARLEN:
         q_start = tl.load(cu_q_ptr + b).to(tl.int64)
@@ -608,7 +608,7 @@ def _attn_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr,
         first = 0
     full = (seq_q // BLOCK_M) * BLOCK_M
     for g in range(0, GROUP):
-        h = (kvh * GROUP + g).to(tl.int64)
+        h = kvh * GROUP + g
         q_at = q_base + h * sq_h + first * sq_t
         do_at = do_base + h * sdo_h + first * sdo_t
         lse_head = lse_base + h * sl_h
@@ -662,7 +662,7 @@ def _attn_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
     """dq of BLOCK_M queries of head h: the forward's walk over the key tiles (unmasked ones
     first, then those the causal or length mask cuts)."""
     start_m = tl.program_id(0) * BLOCK_M
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)       # head and batch offsets in int64: h * head stride can pass 2^31
     b = tl.program_id(2).to(tl.int64)
     kvh = h // GROUP
     if VARLEN:
@@ -796,40 +796,40 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if varlen:      # padding rows past the last offsets take no part: their gradients are zeros
         for grad, last in ((dq, shapes.last_q), (dk, shapes.last_k), (dv, shapes.last_k)):
             grad[last:].zero_()
-    if not B or (not q.numel() and not k.numel()):
+    if not B:
         return dq, dk, dv
 
     blocks = _bwd_blocks(Tq, Tk, D, q.element_size(), block_m, block_n)
     block_d = max(16, triton.next_power_of_2(D))
-    # The walked tiles are addressed with int32 offsets within the tile (as in the forward):
-    # inputs whose tile spans 2^31 elements or more are copied first.
-    tensors = {"q": q, "do": do, "k": k, "v": v}
-    for names, rows in ((("q", "do"), blocks["kv"][0]), (("k", "v"), blocks["q"][1])):
+    # Tiles are addressed with int32 offsets within the tile (as in the forward; rows and heads
+    # in int64): an input whose tile (the walked one for q, do, k, v; o's in the delta kernel)
+    # spans 2^31 elements or more is copied first.
+    tensors = {"q": q, "do": do, "k": k, "v": v, "o": o}
+    for names, rows in ((("q", "do", "o"), blocks["kv"][0]), (("k", "v"), blocks["q"][1])):
         for name in names:
             t = tensors[name]
             if rows * t.stride(-3) + block_d * t.stride(-1) >= 2**31:
                 tensors[name] = t.contiguous()
-    q, do, k, v = (tensors[name] for name in ("q", "do", "k", "v"))
+    q, do, k, v, o = (tensors[name] for name in ("q", "do", "k", "v", "o"))
     delta = allocate(shapes.lse_shape, torch.float32, q.device, name="delta")
-    sq, sk, sv, so, sdo = (_strides(t, varlen) for t in (q, k, v, o, do))
-    sq, sk, sv, so, sdo = ((*s, t.stride(-1)) for s, t in ((sq, q), (sk, k), (sv, v), (so, o), (sdo, do)))
+    sq, sk, sv, so, sdo = ((*_strides(t, varlen), t.stride(-1)) for t in (q, k, v, o, do))   # (b, t, h, d)
     sl = (0, *lse.stride()) if varlen else lse.stride()        # (b, h, t)
     sd = (0, delta.stride(0)) if varlen else delta.stride()[:2]
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     common = dict(CAUSAL=causal, VARLEN=varlen, EVEN_D=D == block_d, BLOCK_D=block_d, PRECISION=_precision(q.dtype))
     scale = shapes.scale
-    if q.numel() and Hq:
+    if Tq and Hq:
         bm = blocks["q"][0]
         _attn_bwd_delta_kernel[(triton.cdiv(Tq, bm), Hq, B)](
             o, do, delta, cu_q, Tq, D, *so, *sdo, *sd, VARLEN=varlen, BLOCK_M=bm, BLOCK_D=block_d, num_warps=4)
-    if k.numel():
+    if Tk:          # Hq = 0 (GROUP 0) or Tq = 0 still stores zeros
         bm, bn, warps, stages = blocks["kv"]
         _attn_bwd_kv_kernel[(triton.cdiv(Tk, bn), Hkv, B)](
             q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, Tq, Tk, Hq // Hkv, D, *sq, *sk, *sv, *sdo, *sl, *sd,
             *_strides(dk, varlen), *_strides(dv, varlen), scale, scale * _LOG2E,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **common)
-    if q.numel() and Hq:
+    if Tq and Hq:
         bm, bn, warps, stages = blocks["q"]
         _attn_bwd_q_kernel[(triton.cdiv(Tq, bm), Hq, B)](
             q, k, v, do, lse, delta, dq, cu_q, cu_k, Tq, Tk, Hq // Hkv, D, *sq, *sk, *sv, *sdo, *sl, *sd,

@@ -299,7 +299,8 @@ def test_backward_varlen_batch_equals_sequences_one_by_one(op, dtype, causal, ba
 
 @pytest.mark.parametrize("op,dtype", _params("flash_attention_backward"))
 def test_backward_two_runs_give_identical_bits_and_empty_sides_give_zeros(op, dtype, backend):
-    """No atomics: the same bits every run. Tq = 0: dk, dv are zeros; Tk = 0: dq is."""
+    """No atomics: the same bits every run. Tq = 0: dk, dv are zeros; Tk = 0: dq is; a varlen
+    batch of empty sequences: every row is padding, zeros."""
     dev = backend.device
     q, k, v, do = _qkvdo(2, 33, 47, 8, 2, 16, dtype, dev)
     first, second = _grads_of_the_op(q, k, v, do, True), _grads_of_the_op(q, k, v, do, True)
@@ -310,8 +311,13 @@ def test_backward_two_runs_give_identical_bits_and_empty_sides_give_zeros(op, dt
     lse = torch.full((2, 8, 33), -float("inf"), device=dev)
     dq, dk, dv = kernels.flash_attention_backward(q, k[:, :0], v[:, :0], torch.zeros_like(q), lse, do, True)
     assert not dq.any() and dk.shape == (2, 0, 2, 16)
+    cu = torch.zeros(3, dtype=torch.int32, device=dev)
+    grads = kernels.flash_attention_backward(q[0], k[0], v[0], q[0], torch.zeros(8, 33, device=dev), do[0], True,
+                                             cu_seqlens_q=cu, cu_seqlens_k=cu)
+    assert not any(g.any() for g in grads)
 
 
+@pytest.mark.op("flash_attention_backward")
 def test_backward_magnitudes_bound_the_gradients():
     """What the backward's rtol is relative to (oracles.attention._head_backward_magnitudes) bounds
     each gradient: |dq| <= m_q, |dk| <= m_k, |dv| <= m_v; and the bound's M is zero where the
