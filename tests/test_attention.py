@@ -299,12 +299,16 @@ def test_backward_varlen_batch_equals_sequences_one_by_one(op, dtype, causal, ba
 
 @pytest.mark.parametrize("op,dtype", _params("flash_attention_backward"))
 def test_backward_two_runs_give_identical_bits_and_empty_sides_give_zeros(op, dtype, backend):
-    """No atomics: the same bits every run. Tq = 0: dk, dv are zeros; Tk = 0: dq is; a varlen
-    batch of empty sequences: every row is padding, zeros."""
+    """No atomics: the same bits every run, and a strided lse gives them too. Tq = 0: dk, dv are
+    zeros; Tk = 0: dq is; a varlen batch of empty sequences: every row is padding, zeros."""
     dev = backend.device
     q, k, v, do = _qkvdo(2, 33, 47, 8, 2, 16, dtype, dev)
     first, second = _grads_of_the_op(q, k, v, do, True), _grads_of_the_op(q, k, v, do, True)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+    out, lse = kernels.flash_attention(q, k, v, True, return_lse=True)
+    lse_t = lse.transpose(1, 2).contiguous().transpose(1, 2)            # lse stored [B, Tq, Hq]
+    strided = kernels.flash_attention_backward(q, k, v, out, lse_t, do, True)
+    assert all(torch.equal(a, b) for a, b in zip(first, strided)), "a strided lse reads as its contiguous copy"
     lse = torch.empty(2, 8, 0, device=dev)
     dq, dk, dv = kernels.flash_attention_backward(q[:, :0], k, v, q[:, :0], lse, q[:, :0], True)
     assert dq.shape == (2, 0, 8, 16) and not dk.any() and not dv.any()
