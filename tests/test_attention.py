@@ -339,3 +339,18 @@ def test_backward_magnitudes_bound_the_gradients():
             assert bool((M >= 0).all()), name
         if causal:      # Tq 7 > Tk 5: the top two rows see nothing
             assert not mags[0][0][:, :2].any() and not mags[0][1][:, :2].any()
+
+
+@pytest.mark.parametrize("op,dtype", _params("flash_attention_backward"))
+def test_backward_nan_is_not_lost(op, dtype, backend):
+    """Non-finite inputs are outside the backward's contract (docs/NUMERICS.md: a NaN spreads over
+    whole tiles through 0 x NaN in the tile products), but never vanish: a NaN in query row i makes
+    that row's dq NaN, and the dk, dv of every key it sees."""
+    dev = backend.device
+    q, k, v, do = _qkvdo(1, 9, 12, 2, 1, 16, dtype, dev)
+    q[0, 4, 1, 3] = float("nan")
+    out, lse = kernels.flash_attention(q, k, v, True, return_lse=True)
+    dq, dk, dv = kernels.flash_attention_backward(q, k, v, out, lse, do, True)
+    seen = 4 + (12 - 9) + 1                   # bottom-right causal: row 4 sees keys 0..7
+    assert bool(dq[0, 4, 1].isnan().all())
+    assert bool(dk[0, :seen].isnan().all()) and bool(dv[0, :seen].isnan().all())
