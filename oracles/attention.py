@@ -301,9 +301,12 @@ def _head_backward(q, k, v, do, visible, scale):
     return dq, dk, dv
 
 
+FP32_TINY = 2.0 ** -126     # fp32's smallest normal: the GPU flushes fp32 results below it to zero
+
+
 def _head_backward_magnitudes(q, k, v, do, visible, scale, tiny):
-    """One query head, in _head_backward's shapes: (m_q, M_q, m_k, M_k, m_v, M_v), what the budget
-    terms of dq, dk, dv are relative to (docs/NUMERICS.md, flash_attention_backward).
+    """One query head, in _head_backward's shapes: (m_q, M_q, U_q, m_k, M_k, U_k, m_v, M_v, U_v),
+    what the budget terms of dq, dk, dv are relative to (docs/NUMERICS.md, flash_attention_backward).
 
     m, the size of the terms that every rounding in the input dtype acts on: a term dS_ij of dq
     or dk is at most P_ij R_ij, R_ij = sum_e |dout_ie| (|v_je| + |out_ie| + tiny) (the terms of
@@ -315,17 +318,30 @@ def _head_backward_magnitudes(q, k, v, do, visible, scale, tiny):
     scores and lse: at most about D u (G_i + |lse_i|), G_i the forward's score magnitude) moves
     dS_ij by e dS_ij and a term of dv by e P_ij dout_i: M_q = G'_i scale sum_j |dS_ij| |k_jd|,
     M_k = scale sum_i G'_i |dS_ij| |q_id|, M_v = sum_i G'_i P_ij |dout_id|, G'_i = G_i + |lse_i|
-    (0 where the row sees nothing)."""
+    (0 where the row sees nothing).
+    U, an absolute allowance for fp32 underflow (t = 2^-126): a GPU flushes fp32 results below t
+    to zero (the kernel's exp2 at least: Triton links it flush-to-zero), and any fp32 exp2 loses
+    what lies below fp32's subnormals. A weight P_ij < t may become 0, losing P_ij |dP_ij -
+    delta_i| <= min(P_ij, t) R_ij of dS_ij and P_ij |dout_i| <= min(P_ij, t) |dout_i| of dv's
+    term; a flushed dS_ij, or flushed partial sums of dP_ij and delta_i (2 D terms, times
+    P_ij <= 1), lose less than (2 D + 1) t more; each product or partial sum of the gradient's own
+    dot less than t. Per visible pair of a row that sees something, L_ij = min(P_ij, t) R_ij +
+    (2 D + 1) t: U_q = scale sum_j (L_ij |k_jd| + t), U_k = scale sum_i (L_ij |q_id| + t),
+    U_v = sum_i (min(P_ij, t) |dout_id| + t). Below 1e-30 for every drawn case, and it covers a
+    gradient that consists of such terms only (measured on an H200: dk 1.07e-35 returned as 0)."""
     Tq, D = q.shape
     Tk, Dv = v.shape
 
     def zeros(*shape):
         return torch.zeros(*shape, dtype=torch.float64, device=q.device)
 
-    m_q, M_q, m_k, M_k, m_v, M_v = zeros(Tq, D), zeros(Tq, D), zeros(Tk, D), zeros(Tk, D), zeros(Tk, Dv), zeros(Tk, Dv)
+    m_q, M_q, U_q = zeros(Tq, D), zeros(Tq, D), zeros(Tq, D)
+    m_k, M_k, U_k = zeros(Tk, D), zeros(Tk, D), zeros(Tk, D)
+    m_v, M_v, U_v = zeros(Tk, Dv), zeros(Tk, Dv), zeros(Tk, Dv)
     if Tk == 0:
-        return m_q, M_q, m_k, M_k, m_v, M_v
+        return m_q, M_q, U_q, m_k, M_k, U_k, m_v, M_v, U_v
     aq, ak, av = torch.abs(q), torch.abs(k), torch.abs(v)
+    t = FP32_TINY
     for r0, r1 in _row_chunks(Tq, Tk):
         vis = visible[r0:r1]
         s, m, total, p = _softmax(q[r0:r1], k, vis, scale)
@@ -339,13 +355,18 @@ def _head_backward_magnitudes(q, k, v, do, visible, scale, tiny):
         w = p * R + tiny * terms
         lse = torch.where(anything, (m + torch.log(total))[:, 0], 0.0)
         g = (_score_magnitude(q[r0:r1], k, vis, scale) + torch.abs(lse))[:, None]
+        flushed = torch.clamp(p, max=t)                           # what a weight below t can lose
+        lost = flushed * R + (2 * D + 1) * t * terms
         m_q[r0:r1] = scale * (w @ ak)
         M_q[r0:r1] = g * scale * (torch.abs(ds) @ ak)
+        U_q[r0:r1] = scale * (lost @ ak + t * terms.sum(dim=1, keepdim=True))
         m_k += scale * (w.T @ aq[r0:r1])
         M_k += scale * ((g * torch.abs(ds)).T @ aq[r0:r1])
+        U_k += scale * (lost.T @ aq[r0:r1] + t * terms.sum(dim=0)[:, None])
         m_v += (p + tiny * terms).T @ ado
         M_v += (g * p).T @ ado
-    return m_q, M_q, m_k, M_k, m_v, M_v
+        U_v += flushed.T @ ado + t * terms.sum(dim=0)[:, None]
+    return m_q, M_q, U_q, m_k, M_k, U_k, m_v, M_v, U_v
 
 
 def _sequence_backward(q, k, v, do, causal, scale, head, like, outs):
@@ -397,9 +418,9 @@ def flash_attention_backward(q, k, v, do, causal=False, scale=None, cu_seqlens_q
 @one_thread
 def flash_attention_backward_magnitudes(q, k, v, do, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                                         tiny=0.0):
-    """((m_q, M_q), (m_k, M_k), (m_v, M_v)) of _head_backward_magnitudes for dq, dk, dv (tiny: the
-    smallest normal of the dtype the kernel rounds to)."""
+    """((m_q, M_q, U_q), (m_k, M_k, U_k), (m_v, M_v, U_v)) of _head_backward_magnitudes for dq, dk,
+    dv (tiny: the smallest normal of the dtype the kernel rounds to)."""
     head = functools.partial(_head_backward_magnitudes, tiny=tiny)
-    m_q, M_q, m_k, M_k, m_v, M_v = _attention_backward(q, k, v, do, causal, scale, cu_seqlens_q, cu_seqlens_k,
-                                                       head, ("q", "q", "k", "k", "v", "v"))
-    return (m_q, M_q), (m_k, M_k), (m_v, M_v)
+    mags = _attention_backward(q, k, v, do, causal, scale, cu_seqlens_q, cu_seqlens_k, head,
+                               ("q",) * 3 + ("k",) * 3 + ("v",) * 3)
+    return tuple(mags[:3]), tuple(mags[3:6]), tuple(mags[6:])

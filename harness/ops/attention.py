@@ -213,10 +213,12 @@ class FlashAttentionBackward(FlashAttention):
         gradient's own rounding) and bound_rtol to M (the fp32 rounding of the recomputed weights,
         relative to the scores' and lse's size): oracles.attention._head_backward_magnitudes.
         dk and dv sum over the queries and the query heads of a KV head, and so do their m and M.
-        `tiny`, the dtype's smallest normal: below it, rounding to the dtype is absolute."""
+        `tiny`, the dtype's smallest normal: below it, rounding to the dtype is absolute. U, an
+        absolute allowance (no budget key) for what fp32 underflow can lose: the GPU flushes
+        weights below 2^-126 to zero."""
         tiny = torch.finfo(inp["q"].dtype).smallest_normal
         mags = oracles.flash_attention_backward_magnitudes(*self._grad_args(inp), tiny=tiny)
-        return tuple(Magnitudes(value=m, bound=M) for m, M in mags)
+        return tuple(Magnitudes(value=m, bound=M, extra=U) for m, M, U in mags)
 
     def cases(self, dtype, size, config):
         @st.composite
