@@ -734,12 +734,17 @@ def _bwd_blocks(seq_q, seq_k, d, elem_size, block_m, block_n):
     """Tiles of the two backward kernels: {"kv": (query tile, key tile, warps, stages), "q": ...}.
     The dk/dv kernel keeps a large key tile (k, v and two fp32 accumulators) and walks small query
     tiles; the dq kernel the other way round (FlashAttention-2's split). Not tuned on a GPU yet:
-    a starting point by head dim; fp32 keeps the forward's small tiles (compile time). The
-    interpreter takes 64 x 64, fewer programs. block_m / block_n (query / key tile) fix both."""
+    a starting point by head dim. The interpreter takes 64 x 64, fewer programs. block_m /
+    block_n (query / key tile) fix both.
+    fp32 (ieee) dots run on FMAs, and for the D-long dots of the scores and dP each thread holds
+    whole rows of both operands: with 32 x 32 tiles sm_90's ptxas spilled 1.5 KB a thread at
+    D 64 and 105 KB at D 256 (36 s to compile the dk/dv kernel); the tiles below spill nothing
+    (8-16 bytes at most) and compile in 1-4 s (bench/NOTES.md)."""
     if interpreting():
         kv, q, warps, stages = (64, 64), (64, 64), 4, 1
     elif elem_size == 4:
-        kv, q, warps, stages = (32, 32), (32, 32), 4, 2
+        kv, q = ((16, 32), (32, 16)) if d <= 64 else ((16, 16), (16, 16))
+        warps, stages = 4, 2
     elif d <= 64:
         kv, q, warps, stages = (32, 128), (128, 32), 4, 3
     elif d <= 128:
