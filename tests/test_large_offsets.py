@@ -325,13 +325,18 @@ def _attn_inputs(q, k, v, causal=True, cu_q=None, cu_k=None):
     return {"q": q, "k": k, "v": v, "causal": causal, "scale": None, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
 
 
-def _spread_batches(shape, device, gen, apart=2**31):
-    """[B, T, H, D] fp16 with its batches `apart` elements apart (a strided view of GiBs)."""
+def _spread_batches(shape, device, gen, apart=2**31, count=1):
+    """[B, T, H, D] fp16 with its batches `apart` elements apart (a strided view of GiBs). With
+    count > 1, that many such tensors in one storage, each batch's slices side by side (the
+    GiBs between the batches are shared, not repeated)."""
     B, T, H, D = shape
-    storage = torch.empty((B - 1) * apart + T * H * D, dtype=torch.float16, device=device)
-    t = storage.as_strided(shape, (apart, H * D, D, 1))
-    t[:] = torch.randn(shape, generator=gen).half().to(device)
-    return t
+    storage = torch.empty((B - 1) * apart + count * T * H * D, dtype=torch.float16, device=device)
+    out = []
+    for i in range(count):
+        t = storage.as_strided(shape, (apart, H * D, D, 1), i * T * H * D)
+        t[:] = torch.randn(shape, generator=gen).half().to(device)
+        out.append(t)
+    return out[0] if count == 1 else out
 
 
 @pytest.mark.parametrize("op,dtype,config,layout", [
@@ -381,7 +386,8 @@ def test_flash_attention_backward_reads_and_writes_past_2_31_elements(op, dtype,
     import oracles
 
     dev, g = backend.device, torch.Generator().manual_seed(10)
-    q, k, v, o, do = (_spread_batches((3, 64, 4, 64), dev, g, apart=2**30 + 64) for _ in range(5))
+    # one 4.3 GB storage for the five (five apart took 21.5 GB beside 15 other workers)
+    q, k, v, o, do = _spread_batches((3, 64, 4, 64), dev, g, apart=2**30 + 64, count=5)
     tail = {**_attn_inputs(q[2:].contiguous(), k[2:].contiguous(), v[2:].contiguous()), "do": do[2:].contiguous()}
     o_tail, lse_tail = oracles.flash_attention(tail["q"], tail["k"], tail["v"], True)
     o[2:] = o_tail.half()
