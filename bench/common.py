@@ -78,4 +78,5 @@ def ptxas_usage(compiled) -> str:
     spill = re.search(r"(\d+) bytes spill stores", log)
     if not regs:
         return "ptxas: " + log.strip().splitlines()[-1]
-    return f"{regs.group(1)} registers, {spill.group(1) if spill else 0} bytes spilled, {compiled.metadata.shared} B shared"
+    spilled = spill.group(1) if spill else 0
+    return f"{regs.group(1)} registers, {spilled} bytes spilled, {compiled.metadata.shared} B shared"
