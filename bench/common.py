@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
+import re
+import subprocess
+import tempfile
 import traceback
+from pathlib import Path
 
 import torch
 import triton
@@ -64,3 +69,26 @@ def attempt(label: str, fn):
 def meta(**extra) -> dict:
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "date": datetime.date.today().isoformat(), **extra}
+
+
+def ptxas_usage(compiled) -> str:
+    """'R registers, S bytes spilled, M B shared' of a kernel triton.compile()d for an sm_90 target,
+    on any machine (no GPU needed): the ptxas bundled with Triton's NVIDIA backend, run with -v
+    on the kernel's PTX."""
+    import triton.backends.nvidia.compiler as nvidia
+
+    bin_dir = Path(nvidia.__file__).parent / "bin"
+    ptxas = next(p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas") if p.exists())
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(compiled.asm["ptx"])
+    try:
+        log = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                             capture_output=True, text=True).stderr
+    finally:
+        os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores", log)
+    if not regs:
+        return "ptxas: " + log.strip().splitlines()[-1]
+    spilled = spill.group(1) if spill else 0
+    return f"{regs.group(1)} registers, {spilled} bytes spilled, {compiled.metadata.shared} B shared"

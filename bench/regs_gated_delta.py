@@ -8,20 +8,16 @@ runner's (3.9 here against 3.6 there in 2026-11; the trends matched: bench/NOTES
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
-import triton.backends.nvidia.compiler as nvidia
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels.gated_delta as gd  # noqa: E402
+from bench.common import ptxas_usage as _ptxas  # noqa: E402
 
 # The aligned variant's specialisations (_jit_twice): strides and dims multiples of 16, unit
 # element strides.
@@ -45,20 +41,7 @@ def ptxas_usage(fn, constexprs: dict, dtype: str, warps: int, stages: int = 1) -
             attrs[(i,)] = [["tt.divisibility", 16]]
     compiled = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=stages))
-    bin_dir = Path(nvidia.__file__).parent / "bin"
-    ptxas = next(p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas") if p.exists())
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(compiled.asm["ptx"])
-    try:
-        log = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
-                             capture_output=True, text=True).stderr
-    finally:
-        os.unlink(f.name)
-    regs = re.search(r"Used (\d+) registers", log)
-    spill = re.search(r"(\d+) bytes spill stores", log)
-    if not regs:
-        return "ptxas: " + log.strip().splitlines()[-1]
-    return f"{regs.group(1)} registers, {spill.group(1) if spill else 0} bytes spilled, {compiled.metadata.shared} B shared"
+    return _ptxas(compiled)
 
 
 def main():
