@@ -69,7 +69,7 @@ GAPS = (
         reason="the interpreter multiplies the raw bits of bf16 operands in tl.dot and returns garbage",
         link="https://github.com/triton-lang/triton/issues/11584",
         ops=("flash_attention", "decode_attention", "mla_decode", "matmul", "swiglu", "decoder", "moe",
-             "moe_mxfp4"),
+             "moe_mxfp4", "fused_linear_cross_entropy"),
         dtypes=("bfloat16",)),
     Gap(id="interp-no-cuda-graph", backend="interpreter",
         reason="a CUDA graph captures kernels launched on a CUDA device; the interpreter runs them on the CPU",

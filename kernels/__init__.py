@@ -7,6 +7,7 @@ from kernels._launch import raise_deferred_errors
 from kernels.adamw import AdamW, adamw
 from kernels.activations import bias_gelu
 from kernels.attention import decode_attention, flash_attention
+from kernels.cross_entropy import FusedLinearCrossEntropyFunction, fused_linear_cross_entropy
 from kernels.embedding import embedding
 from kernels.fp8 import fp8_matmul, quantize_fp8
 from kernels.gated_delta import gated_delta_rule, gated_delta_rule_decode
@@ -18,4 +19,4 @@ from kernels.norms import add_rmsnorm, layernorm, rmsnorm
 from kernels.rope import rmsnorm_rope, rope
 from kernels.softmax import softmax
 
-__all__ = ["AdamW", "adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "dequantize_mxfp4", "embedding", "flash_attention", "fp8_matmul", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
+__all__ = ["AdamW", "FusedLinearCrossEntropyFunction", "adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "dequantize_mxfp4", "embedding", "flash_attention", "fp8_matmul", "fused_linear_cross_entropy", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
