@@ -13,7 +13,11 @@ def _terms(h, W, labels, ignore_index, label_smoothing, softcap, reduction):
     """float64 tensors on the inputs' device: capped logits zc, their slope d (dzc/dz), lse,
     lambda = lse - max zc, p = softmax(zc), the target distribution q, the rows that count, the
     scale s (1/n or 1)."""
-    hn, Wn = f64(h), f64(W)
+    return _terms_of(f64(h), f64(W), labels, ignore_index, label_smoothing, softcap, reduction)
+
+
+def _terms_of(hn, Wn, labels, ignore_index, label_smoothing, softcap, reduction):
+    """_terms of float64 h and W, as given: differentiable (loss_of)."""
     N, V = hn.shape[0], Wn.shape[0]
     z = hn @ Wn.T
     if softcap is None:
@@ -38,6 +42,14 @@ def _terms(h, W, labels, ignore_index, label_smoothing, softcap, reduction):
     n = int(counted.sum())
     s = 1.0 / max(n, 1) if reduction == "mean" else 1.0
     return hn, Wn, zc, d, lse, lam, p, q, counted, s
+
+
+def loss_of(h, W, labels, ignore_index=-100, label_smoothing=0.0, softcap=None, reduction="mean"):
+    """The loss alone, of float64 h and W as given (autograd flows through it): the forward
+    oracle whose autograd tests/test_grad_oracles.py checks the gradient formulas against."""
+    hn, Wn, zc, d, lse, lam, p, q, counted, s = _terms_of(h, W, labels, ignore_index, label_smoothing, softcap,
+                                                          reduction)
+    return s * torch.where(counted, lse[:, 0] - (q * zc).sum(dim=-1), 0.0).sum()
 
 
 @one_thread

@@ -1,0 +1,129 @@
+"""fused_linear_cross_entropy beyond the op checks (tests/test_ops.py): the autograd Function, its
+training steps, the chunk plans, determinism and the default plan's memory."""
+import pytest
+import torch
+
+import kernels
+from harness import registry
+from harness.cases import Case
+from harness.compare import compare
+from kernels.cross_entropy import FusedLinearCrossEntropyFunction, plan_chunks
+
+OP = "fused_linear_cross_entropy"
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _inputs(dtype, backend, shape=(19, 300, 24), **params):
+    case = Case.make(OP, dtype, shape, seed=5, **params)
+    return case, registry.get(OP).inputs(case, backend.device)
+
+
+def _kw(inp):
+    return {k: inp[k] for k in ("ignore_index", "label_smoothing", "softcap", "reduction")}
+
+
+def _assert_within_budget(case, inp, got, budgets, backend):
+    """The outputs judged as the op checks judge them (so that a garbage result, the interpreter's
+    bf16 dot, fails here too rather than agreeing with itself)."""
+    op = registry.get(OP)
+    expected = op.oracle(inp)
+    budget = budgets.get(OP, case.dtype, backend.name)
+    for name, g, e, m in zip(op.outputs, got, expected, op.error_scale(inp, expected)):
+        check = compare(name, g, e, budget, None, m)
+        assert check.passed, f"{name}: {check.problem}"
+
+
+@pytest.mark.op(OP)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("params", [dict(), dict(softcap=2.0, smoothing=0.1, reduction="sum")], ids=["plain", "cap"])
+def test_function_gradients_are_the_launchers_bit_for_bit(dtype, params, backend, budgets):
+    """loss.backward() through FusedLinearCrossEntropyFunction gives h.grad and W.grad equal, bit
+    for bit, to the launcher's dh and dW (an upstream gradient of 1), and the same loss."""
+    case, inp = _inputs(dtype, backend, **params)
+    got = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp))
+    _assert_within_budget(case, inp, got, budgets, backend)
+    h = inp["h"].detach().clone().requires_grad_()
+    W = inp["W"].detach().clone().requires_grad_()
+    kw = _kw(inp)
+    loss = FusedLinearCrossEntropyFunction.apply(h, W, inp["labels"], kw["ignore_index"], kw["label_smoothing"],
+                                                 kw["softcap"], kw["reduction"])
+    loss.backward()
+    assert torch.equal(loss.detach(), got[0])
+    assert h.grad.shape == h.shape and W.grad.shape == W.shape
+    assert h.grad.dtype == h.dtype and W.grad.dtype == W.dtype
+    assert torch.equal(h.grad, got[1]) and torch.equal(W.grad, got[2])
+
+
+@pytest.mark.op(OP)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_function_scales_by_the_upstream_gradient_each_backward(dtype, backend, budgets):
+    """The backward multiplies the kept gradients by the upstream one in fp32 and rounds once, into
+    new tensors: a second backward through the retained graph gives the same gradients again."""
+    case, inp = _inputs(dtype, backend)
+    got = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp))
+    _assert_within_budget(case, inp, got, budgets, backend)
+    h = inp["h"].detach().clone().requires_grad_()
+    W = inp["W"].detach().clone().requires_grad_()
+    out = 3.0 * FusedLinearCrossEntropyFunction.apply(h, W, inp["labels"])
+    first = torch.autograd.grad(out, (h, W), retain_graph=True)
+    second = torch.autograd.grad(out, (h, W))
+    for a, b, ours in zip(first, second, got[1:]):
+        assert torch.equal(a, b)
+        assert torch.equal(a, (ours.float() * 3.0).to(ours.dtype))
+
+
+@pytest.mark.op(OP)
+@pytest.mark.parametrize("dtype", ("float32", "float16"))
+def test_function_trains_an_lm_head(dtype, backend):
+    """A few SGD steps on an LM head (a learnable projection of fixed hidden states, W learnable)
+    lower the loss at every step; fp32 and fp16 (bf16 on a GPU: its tl.dot is an interpreter gap,
+    and a descent on garbage gradients proves nothing)."""
+    torch.manual_seed(0)
+    d = backend.device
+    dt = getattr(torch, dtype)
+    x = torch.randn(32, 16, device=d)
+    proj = torch.nn.Linear(16, 16, device=d)
+    W = torch.nn.Parameter((torch.randn(50, 16, device=d) * 0.3).to(dt))
+    labels = torch.randint(0, 50, (32,), device=d)
+    labels[::5] = -100
+    opt = torch.optim.SGD([*proj.parameters(), W], lr=0.5)
+    losses = []
+    for _ in range(6):
+        opt.zero_grad()
+        h = proj(x).to(dt)
+        loss = FusedLinearCrossEntropyFunction.apply(h, W, labels, -100, 0.0, None, "mean", 16)
+        loss.backward()
+        assert W.grad.shape == W.shape and W.grad.dtype == dt
+        assert proj.weight.grad.shape == proj.weight.shape and bool(proj.weight.grad.isfinite().all())
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+
+
+@pytest.mark.op(OP)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_chunk_plan_is_within_budget_and_deterministic(dtype, backend, budgets):
+    """Rows per chunk (all, 7, 1), logits rows within a chunk (all, 3), dh split over 1 to 4
+    programs along V, 16-wide tiles: each plan passes the budget against the oracle (dW summed
+    over 3 chunks in fp32, rows not a multiple of the chunk), and the same plan twice gives the
+    same bits (no atomics)."""
+    case, inp = _inputs(dtype, backend, smoothing=0.1)
+    plans = [dict(), dict(chunk_size=7), dict(chunk_size=7, logits_rows=3, num_splits=4),
+             dict(chunk_size=1, block_v=16), dict(chunk_size=8, logits_rows=8, num_splits=2, block=16)]
+    for plan in plans:
+        got = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp), **plan)
+        _assert_within_budget(case, inp, got, budgets, backend)
+        again = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp), **plan)
+        assert all(torch.equal(a, b) for a, b in zip(got, again)), plan
+
+
+def test_default_plan_keeps_the_chunk_buffers_within_the_size_of_W():
+    """At Qwen2-1.5B's head (V 151936, H 1536) and 16k tokens: 1024 rows of bf16 gradient logits
+    and 256 of fp32 logits, 467 MB, the size of W; never more than W for any H of 64 and up."""
+    assert plan_chunks(16384, 151936, 1536, 2) == (1024, 256)
+    assert plan_chunks(16384, 151936, 1536, 4) == (1024, 256)
+    for H in (64, 100, 896, 1536, 2048, 4096, 8192):
+        for es in (2, 4):
+            C, R = plan_chunks(1 << 20, 151936, H, es)
+            assert C * es + R * 4 <= H * es, (H, es, C, R)
+    assert plan_chunks(5, 1000, 4096, 2) == (16, 16)      # at most N rounded up (at least 16)
