@@ -431,7 +431,7 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
     n_chunks = triton.cdiv(N, C)
     dw = dw_out
     if dw is None and (fp32_w or n_chunks <= 1):
-        dw = allocate((V, H), W.dtype, device, name="out")
+        dw = allocate((V, H), W.dtype, device, name="dw_out")
     # dW's fp32 accumulator: dW itself for fp32, else a buffer of its own while there is more than
     # one chunk; dW's buffer (when the launcher makes it) only after the chunk buffers are freed.
     acc = dw if fp32_w else (allocate((V, H), torch.float32, device, name="dw_accumulator") if n_chunks > 1 else None)
@@ -465,9 +465,9 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
                                                                BLOCK=1024)
                 target = acc if acc is not None else dw
                 _gemm(g.t(), h_rows.t(), target, scale=scale, acc=target if c0 > 0 else None, block=block)
-        del logits, grads, parts
+        del logits, grads, parts, g        # the chunk buffers go before dW's own buffer comes
     if dw is None:
-        dw = allocate((V, H), W.dtype, device, name="out")
+        dw = allocate((V, H), W.dtype, device, name="dw_out")
     if N == 0:
         dw.zero_()
     elif acc is not None and acc is not dw:

@@ -127,3 +127,39 @@ def test_default_plan_keeps_the_chunk_buffers_within_the_size_of_W():
             C, R = plan_chunks(1 << 20, 151936, H, es)
             assert C * es + R * 4 <= H * es, (H, es, C, R)
     assert plan_chunks(5, 1000, 4096, 2) == (16, 16)      # at most N rounded up (at least 16)
+
+
+@pytest.mark.op(OP)
+def test_dw_buffer_comes_after_the_chunk_buffers_are_freed(backend):
+    """The launcher's own buffers (kernels._launch.allocate, tracked here): for 16-bit W over
+    several chunks, the fp32 accumulator of dW lives through the chunks, and dW's own buffer is
+    allocated only once the chunk buffers (fp32 logits, gradient logits, dh partials) are gone,
+    so the launcher's peak is the larger of (accumulator + chunk buffers) and (accumulator + dW),
+    never all three (docs/NUMERICS.md, memory)."""
+    import weakref
+    from kernels import _launch
+    live, sizes, seen = {}, {}, []
+
+    def tracking(shape, dtype, device, *, name, zero=False):
+        t = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+        key = len(seen)
+        live[key] = name
+        sizes[name] = sizes.get(name, 0) + t.numel() * t.element_size()
+        seen.append((name, sorted(live.values())))
+        weakref.finalize(t, live.pop, key, None)
+        return t
+
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(40, 64, generator=gen).half().to(backend.device)
+    W = torch.randn(300, 64, generator=gen).half().to(backend.device)
+    labels = torch.randint(0, 300, (40,), generator=gen).to(backend.device)
+    previous = _launch.set_allocator(tracking)
+    try:
+        loss, dh, dw = kernels.fused_linear_cross_entropy(h, W, labels, chunk_size=16, logits_rows=8, num_splits=2)
+    finally:
+        _launch.set_allocator(previous)
+    names = [n for n, _ in seen]
+    assert {"logits", "grad_logits", "dh_partials", "dw_accumulator", "dw_out"} <= set(names), names
+    alive = dict(seen)["dw_out"]                # what lived when dW's buffer was made:
+    assert "dw_accumulator" in alive and not {"logits", "grad_logits", "dh_partials"} & set(alive), alive
+    assert dw.dtype == torch.float16 and bool(dw.isfinite().all())
