@@ -28,8 +28,9 @@ IDS = {"int32": torch.int32, "int64": torch.int64}
 VOCABS = (32000, 50257, 128256, 151936, 152064)
 SMALL = {"chunk_size": 5, "logits_rows": 3, "block_v": 16, "num_splits": 3, "block": 16}
 # Per case at most this many multiply-adds of one GEMM (N V H) and elements of W: the float64
-# oracle forms the whole logits, and inputs are drawn on the host.
-MAX_MACS = {"small": 1 << 19, "large": 1 << 33}
+# oracle forms the whole logits and a few [N, V] tensors beside them (at V 152064 and 128 rows,
+# 156 MB each, on each of a GPU run's workers), and inputs are drawn on the host.
+MAX_MACS = {"small": 1 << 19, "large": 1 << 32}
 MAX_W = {"small": 1 << 17, "large": 1 << 25}
 # The kernel stores fp16 gradient logits times 2^15 (docs/NUMERICS.md): below fp16's smallest
 # normal over that scale their rounding is absolute, not relative.
@@ -122,7 +123,7 @@ class FusedLinearCrossEntropy(Op):
             else:
                 V = draw(st.one_of(st.integers(1, 5000), st.sampled_from(VOCABS)))
                 H = draw(st.one_of(st.integers(1, 256), st.sampled_from((512, 896, 1536))))
-                most_rows = 512
+                most_rows = 256
             H = max(1, min(H, MAX_W[size] // V))
             N = draw(st.integers(1, max(1, min(most_rows, MAX_MACS[size] // (V * H)))))
             params = {"labels": draw(st.sampled_from(("random", "edges"))),
