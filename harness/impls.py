@@ -7,7 +7,7 @@ Its contract is the launcher's signature and semantics (docs/NUMERICS.md, docs/p
     Implementation(op="rmsnorm", fn=my_rmsnorm)              # fn(x, w, eps) -> y
 
 - `fn` gets the launcher's arguments; output buffers (`out=`, `out_residual=`, `lse_out=`,
-  `scale_out=`) only with `accepts_out=True`. Otherwise it returns its results (a tensor, or a
+  `scale_out=`, `loss_out=`, `dh_out=`, `dw_out=`) only with `accepts_out=True`. Otherwise it returns its results (a tensor, or a
   tuple in the launcher's order) and the harness copies them into the checked buffers.
 - `dtypes` and `configs` say what it supports: other dtypes and kernel configs (the suite's
   block-size configs are its own kernels' paths) are not run, and the run counts them.
@@ -29,7 +29,8 @@ from importlib import metadata
 from typing import Callable
 
 ENTRY_POINTS = "kernelcheck.impls"
-OUTPUT_KWARGS = ("out", "out_residual", "lse_out", "scale_out")   # the launchers' output buffers
+OUTPUT_KWARGS = ("out", "out_residual", "lse_out", "scale_out",   # the launchers' output buffers, in the
+                 "loss_out", "dh_out", "dw_out")                   # order of their results
 
 
 class ImplError(ValueError):
