@@ -29,7 +29,6 @@ the logits GEMM of contiguous 16-bit operands.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import triton

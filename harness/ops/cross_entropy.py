@@ -38,7 +38,7 @@ FP16_GRAD_FLOOR = torch.finfo(torch.float16).smallest_normal / 2.0 ** 15
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}   # unit roundoff
 
 
-def make_labels(N, V, pick, ignore, ignore_index, dtype, strided, gen):
+def make_labels(N, V, pick, ignore, ignore_index, dtype, strided, gen, device):
     if pick == "edges":
         y = torch.tensor([0, V - 1], dtype=torch.int64).repeat(N // 2 + 1)[:N]
     else:
@@ -48,11 +48,11 @@ def make_labels(N, V, pick, ignore, ignore_index, dtype, strided, gen):
     elif ignore == "some":
         y[1::3] = ignore_index
     y = y.to(IDS[dtype])
-    if strided:
-        storage = torch.full((2 * N,), -7, dtype=y.dtype)      # -7: no label, and not ignore_index
-        storage[0::2] = y
-        y = storage[0::2]
-    return y
+    if not strided:
+        return y.to(device)
+    storage = torch.full((2 * N,), -7, dtype=y.dtype)          # -7: no label, and not ignore_index
+    storage[0::2] = y
+    return storage.to(device)[0::2]                            # strided on the device too
 
 
 class FusedLinearCrossEntropy(Op):
@@ -68,8 +68,9 @@ class FusedLinearCrossEntropy(Op):
         W = lay_out(w_values.to(case.torch_dtype), (V, H), case.layout, device)
         ignore_index = case.param("ignore_index", -100)
         labels = make_labels(N, V, case.param("labels", "random"), case.param("ignore", "some"), ignore_index,
-                             case.param("ids", "int64"), case.param("labels_layout", "contiguous") == "strided", gen)
-        return {"h": h, "W": W, "labels": labels.to(device), "ignore_index": ignore_index,
+                             case.param("ids", "int64"), case.param("labels_layout", "contiguous") == "strided", gen,
+                             device)
+        return {"h": h, "W": W, "labels": labels, "ignore_index": ignore_index,
                 "label_smoothing": case.param("smoothing", 0.0), "softcap": case.param("softcap"),
                 "reduction": case.param("reduction", "mean")}
 
