@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ERRORS, attempt, bench, copy_ceiling, gbps, meta, tflops  # noqa: E402
+from bench.common import ERRORS, attempt, bench, copy_ceiling, cuda_graph, gbps, meta, tflops  # noqa: E402
 
 import kernels  # noqa: E402  (the GPU backend: TRITON_INTERPRET is not set)
 
@@ -47,11 +47,13 @@ def inputs(H, B, T, Tq, g):
     return q_nope, q_pe, c_kv, k_pe, lens
 
 
-def paged(c_kv, k_pe, g):
-    """The same cache as a pool of PAGE-position pages in a random order, and its table."""
+def paged(c_kv, k_pe, g, shuffle=True):
+    """The same cache as a pool of PAGE-position pages in a random order (in order without
+    shuffle), and its table."""
     B, T = c_kv.shape[:2]
     per_row = T // PAGE
-    order = torch.randperm(B * per_row, device="cuda", generator=g)
+    order = torch.randperm(B * per_row, device="cuda", generator=g) if shuffle else torch.arange(B * per_row,
+                                                                                                 device="cuda")
     table = order.view(B, per_row).to(torch.int32)
     c_pool = torch.empty(B * per_row, PAGE, L, device="cuda", dtype=DT)
     k_pool = torch.empty(B * per_row, PAGE, R, device="cuda", dtype=DT)
@@ -105,8 +107,14 @@ def run(copy, g):
             "ours_paged_deferred": lambda: ours(q_nope, q_pe, c_pool, k_pool, lens, table, validate="deferred"),
             "sdpa": lambda: sdpa(q_nope, q_pe, c_kv, k_pe, Tq),
         }
+        # The deferred call captured in a CUDA graph, as a serving loop runs decode: the GPU's own
+        # time, without the host's argument checks and launches.
+        timed["ours_graph"] = attempt(f"{tag} capture", lambda: cuda_graph(
+            lambda: ours(q_nope, q_pe, c_kv, k_pe, lens, validate="deferred")))
+        timed["ours_paged_graph"] = attempt(f"{tag} paged capture", lambda: cuda_graph(
+            lambda: ours(q_nope, q_pe, c_pool, k_pool, lens, table, validate="deferred")))
         for name, fn in timed.items():
-            ms = attempt(f"{tag} {name}", lambda: bench(fn))
+            ms = attempt(f"{tag} {name}", lambda: bench(fn)) if fn is not None else None
             row[f"{name}_ms"] = ms
             row[f"{name}_gbps"] = gbps(nbytes, ms) if ms else None
             row[f"{name}_pct_copy"] = 100 * gbps(nbytes, ms) / copy if ms else None
@@ -117,6 +125,8 @@ def run(copy, g):
               f"({fmt(row['ours_pct_copy'])}% copy) {fmt(row['ours_tflops'])} TFLOP/s | unvalidated "
               f"{fmt(row['ours_unvalidated_pct_copy'])}% | deferred {fmt(row['ours_deferred_pct_copy'])}% | "
               f"paged {fmt(row['ours_paged_pct_copy'])}% | paged deferred {fmt(row['ours_paged_deferred_pct_copy'])}% | "
+              f"graph {fmt(row['ours_graph_pct_copy'])}% {fmt(row['ours_graph_tflops'])} TFLOP/s | "
+              f"paged graph {fmt(row['ours_paged_graph_pct_copy'])}% | "
               f"sdpa {fmt(row['sdpa_ms'], 3)} ms | max|ours-sdpa| {fmt(row['max_abs_diff_vs_sdpa'], 4)}", flush=True)
         del q_nope, q_pe, c_kv, k_pe, c_pool, k_pool, o, o_paged, ref
         torch.cuda.empty_cache()
@@ -142,20 +152,24 @@ def main():
              "and o; TFLOP/s counts 2 B Tq H T (2L + R). Every mode checks lens and the page table in the kernel; "
              "validated: one 4-byte read of its error word after the launch (a host sync); 'deferred': "
              "validate=\"deferred\" (the word copied to pinned memory, no sync); 'unvalidated': validate=False "
-             f"(nothing read). Paged: pages of {PAGE} positions in a random order. SDPA: "
+             "(nothing read); 'CUDA graph': the deferred call captured once and replayed, as a serving loop runs "
+             f"decode (the GPU's time without the host's launch cost). Paged: pages of {PAGE} positions in a random order. SDPA: "
              "the expanded multi-query tensors (head dim 576, one shared KV head, enable_gqa).", "",
              "| H | B | T | Tq | ours ms | GB/s (% copy) | TFLOP/s | unvalidated % copy | deferred % copy "
-             "| paged % copy | paged unvalidated % copy | paged deferred % copy | SDPA ms | vs SDPA "
+             "| CUDA graph % copy | CUDA graph TFLOP/s | paged % copy | paged unvalidated % copy | paged deferred % copy "
+             "| paged CUDA graph % copy | SDPA ms | vs SDPA "
              "| paged == contiguous | max abs diff vs SDPA |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         best = min([x for x in (r["ours_ms"], r["ours_unvalidated_ms"], r["ours_deferred_ms"]) if x] or [None]) \
             if r["ours_ms"] else None
         vs = f"{r['sdpa_ms'] / best:.2f}x" if best and r["sdpa_ms"] else "-"
         lines.append(f"| {r['H']} | {r['B']} | {r['T']} | {r['Tq']} | {fmt(r['ours_ms'], 3)} | {fmt(r['ours_gbps'])} "
                      f"({fmt(r['ours_pct_copy'])}%) | {fmt(r['ours_tflops'])} | {fmt(r['ours_unvalidated_pct_copy'])}% | "
-                     f"{fmt(r['ours_deferred_pct_copy'])}% | {fmt(r['ours_paged_pct_copy'])}% | "
+                     f"{fmt(r['ours_deferred_pct_copy'])}% | {fmt(r['ours_graph_pct_copy'])}% | {fmt(r['ours_graph_tflops'])} | "
+                     f"{fmt(r['ours_paged_pct_copy'])}% | "
                      f"{fmt(r['ours_paged_unvalidated_pct_copy'])}% | {fmt(r['ours_paged_deferred_pct_copy'])}% | "
+                     f"{fmt(r['ours_paged_graph_pct_copy'])}% | "
                      f"{fmt(r['sdpa_ms'], 3)} | {vs} | {r['paged_equals_contiguous']} | {fmt(r['max_abs_diff_vs_sdpa'], 4)} |")
     if ERRORS:
         lines += ["", "## Errors", ""] + [f"- {k}: {v[:200]}" for k, v in ERRORS.items()]

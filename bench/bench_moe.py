@@ -48,7 +48,7 @@ if not ON_GPU:
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ERRORS, attempt, bench, copy_ceiling, gbps, meta, tflops  # noqa: E402
+from bench.common import ERRORS, attempt, bench, copy_ceiling, cuda_graph, gbps, meta, tflops  # noqa: E402
 import kernels  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -291,14 +291,9 @@ def run_row(tag, model, phase, kind, T, E, k, H, I, w13, w2, mx, mx_deq, copy):
     if ON_GPU and phase == "decode":
         # GPU time of the same call (do_bench of a short call measures the host's launches):
         # captured once in a CUDA graph, as a serving loop runs decode (validate=False: no sync).
-        def captured():
-            kernels.moe(x, w13, w2, ids, tw, validate=False)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                kernels.moe(x, w13, w2, ids, tw, validate=False)
-            return graph
-        graph = guarded(f"{tag} ours, CUDA graph (capture)", captured)
-        fns["ours, CUDA graph"] = graph.replay if graph is not None else None
+        graph = guarded(f"{tag} ours, CUDA graph (capture)",
+                        lambda: cuda_graph(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False)))
+        fns["ours, CUDA graph"] = graph
     err_mx = None
     if mx is not None:
         def ours_mx():

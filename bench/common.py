@@ -19,6 +19,18 @@ def bench(fn) -> float:
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def cuda_graph(fn):
+    """fn captured once in a CUDA graph (after an eager warm-up call); returns the graph's replay,
+    which bench() times as the GPU's own time, without the host's launch cost (as a serving loop
+    runs decode)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def gbps(nbytes: int, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e9
 

@@ -118,8 +118,10 @@ def main():
 
     if "mxfp4" in parts:
         base = dict(km._MXFP4_TILES)
-        cfgs = [base, dict(up_n=32, down_n=32, k=128, warps=4, stages=3), dict(up_n=32, down_n=64, k=256, warps=4, stages=3),
-                dict(up_n=64, down_n=64, k=128, warps=8, stages=3), dict(up_n=16, down_n=32, k=256, warps=4, stages=4)]
+        cfgs = [base, dict(base, scaled=True)] + [
+            dict(up_n=n_up, down_n=n_dn, k=kk, warps=w, stages=st, scaled=True)
+            for n_up, n_dn, kk, w, st in ((32, 32, 128, 4, 3), (32, 64, 256, 4, 3), (64, 64, 128, 8, 3),
+                                          (16, 32, 256, 4, 4), (32, 32, 256, 4, 4), (64, 64, 256, 4, 3))]
         for name, Td in (("mixtral", 1), ("mixtral", 16), ("qwen3", 16), ("qwen3", 64)):
             E, k, H, I = SHAPES[name]
             x, w13, w2, ids, tw = setup(name, Td, seed=Td)
@@ -141,9 +143,13 @@ def main():
         q2, s2 = kernels.quantize_mxfp4(w2)
         del w13, w2
         flops = 2 * 8192 * 2 * 3 * 14336 * 4096
-        for bm in (64, 128):
-            ms = bench(lambda: kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, block_m=bm, validate=False))
-            print(f"mxfp4 mixtral T8192 block_m {bm} {ms:.3f} ms {tflops(flops, ms):.0f} TFLOP/s", flush=True)
+        for scaled in (False, True):
+            km._MXFP4_TILES.update(scaled=scaled)
+            for bm in (64, 128):
+                ms = bench(lambda: kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, block_m=bm, validate=False))
+                print(f"mxfp4 mixtral T8192 block_m {bm} scaled {scaled} {ms:.3f} ms {tflops(flops, ms):.0f} TFLOP/s",
+                      flush=True)
+        km._MXFP4_TILES.update(base)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rmsnorm_rope": ("harness.ops.rope", FLOATS),
     "softmax": ("harness.ops.softmax", FLOATS),
     "flash_attention": ("harness.ops.attention", FLOATS),
+    "flash_attention_backward": ("harness.ops.attention", FLOATS),
     "decode_attention": ("harness.ops.attention", FLOATS),
     "mla_decode": ("harness.ops.mla", FLOATS),
     "adamw": ("harness.ops.adamw", ("float32", "bfloat16")),

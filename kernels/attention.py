@@ -1,5 +1,5 @@
-"""Attention: FlashAttention forward (fixed-length or packed varlen batches) and decode attention
-over a contiguous or paged KV cache (flash-decoding).
+"""Attention: FlashAttention forward and backward (fixed-length or packed varlen batches) and decode
+attention over a contiguous or paged KV cache (flash-decoding).
 
 Both use the online softmax: scores are produced a tile of keys at a time, a running row max m
 and row sum l are kept in fp32, and the output accumulator is rescaled by exp(m_old - m_new) as
@@ -11,18 +11,22 @@ and a log-sum-exp of -inf.
 GQA: query head h reads KV head h // (Hq // Hkv). The prefill kernel gives each program one
 query head and a tile of queries; the decode kernel gives each program one KV head and all the
 query heads that share it, so each cache block is read once per group.
+
+The backward (flash_attention_backward, and FlashAttentionFunction for autograd) recomputes the
+weights from q, k and the forward's lse, FlashAttention-2's way: see its section below.
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import (allocate, bad_pages, check_finite, check_same_device, check_same_dtype, check_tensor,
-                             check_validate, error_word, interpreting, new_out, paged_detail, paged_host_word,
-                             paged_problems, report_errors)
+from kernels._launch import (allocate, bad_pages, check_finite, check_same_device, check_same_dtype, check_shape,
+                             check_tensor, check_validate, error_word, interpreting, new_out, paged_detail,
+                             paged_host_word, paged_problems, report_errors)
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -330,6 +334,7 @@ def _fit_shared(resident_rows, bn, stages, d, elem_size, fixed_bn=False):
 
 
 def _check_cu(name, cu, batch_hint, total, device):
+    """Validate cumulative lengths; returns (the longest sequence, the last offset)."""
     check_tensor(name, cu, dtypes=_INT_DTYPES, ndim=1)
     if cu.device != device:
         raise ValueError(f"{name}: expected device {device}, got {cu.device}")
@@ -341,32 +346,36 @@ def _check_cu(name, cu, batch_hint, total, device):
                          f"of the packed tensor), got {host.tolist()}")
     if batch_hint is not None and cu.numel() != batch_hint:
         raise ValueError(f"{name}: expected {batch_hint} entries like cu_seqlens_q, got {cu.numel()}")
-    return int((host[1:] - host[:-1]).max()) if cu.numel() > 1 else 0
+    return (int((host[1:] - host[:-1]).max()) if cu.numel() > 1 else 0), int(host[-1])
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None, *, return_lse: bool = False,
-                    cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
-                    out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
-                    block_m: int | None = None, block_n: int | None = None):
-    """softmax(q k^T * scale + causal mask) v, one pass, no T x T buffer.
+@dataclass(frozen=True)
+class _Prefill:
+    """What the validation of a flash_attention or flash_attention_backward call finds out."""
+    varlen: bool
+    B: int
+    Tq: int              # q's length, or the longest query sequence of a varlen batch
+    Tk: int
+    Hq: int
+    Hkv: int
+    D: int
+    scale: float
+    lse_shape: tuple     # [B, Hq, Tq], or [Hq, total_q] for varlen
+    last_q: int          # the rows of q and of k/v in use (varlen: the last offsets)
+    last_k: int
 
-    Fixed length: q [B, Tq, Hq, D], k and v [B, Tk, Hkv, D], any strides; returns out like q
-    (contiguous) and, with return_lse, the fp32 log-sum-exp [B, Hq, Tq].
-    Varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D] with cu_seqlens_q/cu_seqlens_k [B + 1]
-    prefix sums (zero-length sequences allowed); lse is [Hq, total_q]. Rows past the last
-    offset are padding: never read, and their outputs are not written.
-    """
+
+def _check_prefill(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, **peers) -> _Prefill:
+    """The checks flash_attention and its backward share: q, k, v, causal, scale and the
+    cumulative lengths. `peers` (tensors or None) must sit on q's device."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     nd = 3 if varlen else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, ndim=nd)
     check_same_dtype(q=q, k=k, v=v)
-    check_same_device(q=q, k=k, v=v, out=out, lse_out=lse_out)
+    check_same_device(q=q, k=k, v=v, **peers)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
     D = q.shape[-1]
     _check_head_dim("q", D)
     for name, t in (("k", k), ("v", v)):
@@ -382,8 +391,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         if cu_seqlens_q is None or cu_seqlens_k is None:
             missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
             raise ValueError(f"{missing}: expected both cu_seqlens_q and cu_seqlens_k for a varlen batch")
-        max_q = _check_cu("cu_seqlens_q", cu_seqlens_q, None, q.shape[0], q.device)
-        max_k = _check_cu("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.numel(), k.shape[0], q.device)
+        max_q, last_q = _check_cu("cu_seqlens_q", cu_seqlens_q, None, q.shape[0], q.device)
+        max_k, last_k = _check_cu("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.numel(), k.shape[0], q.device)
         B, Tq, Tk = cu_seqlens_q.numel() - 1, max_q, max_k
         lse_shape = (Hq, q.shape[0])
     else:
@@ -392,9 +401,38 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         if k.shape[0] != B:
             raise ValueError(f"k: expected batch {B} like q, got {k.shape[0]}")
         lse_shape = (B, Hq, Tq)
+        last_q, last_k = Tq, Tk
     for name, n, what in (("cu_seqlens_q" if varlen else "q", B, "sequences"), ("q", Hq, "heads")):
         if n > _MAX_GRID_YZ:
             raise ValueError(f"{name}: at most {_MAX_GRID_YZ} {what} a call (a CUDA grid's limit), got {n}")
+    return _Prefill(varlen, B, Tq, Tk, Hq, Hkv, D, scale, lse_shape, last_q, last_k)
+
+
+def _strides(t, varlen, n=3):
+    """The first n strides of a [B, T, H, ...] tensor; of a varlen [total, H, ...] one, a batch
+    stride of 0 and its first n - 1 (sequence b starts at row cu[b] instead)."""
+    return (0, *t.stride()[:n - 1]) if varlen else t.stride()[:n]
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None, *, return_lse: bool = False,
+                    cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                    out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
+                    block_m: int | None = None, block_n: int | None = None):
+    """softmax(q k^T * scale + causal mask) v, one pass, no T x T buffer.
+
+    Fixed length: q [B, Tq, Hq, D], k and v [B, Tk, Hkv, D], any strides; returns out like q
+    (contiguous) and, with return_lse, the fp32 log-sum-exp [B, Hq, Tq].
+    Varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D] with cu_seqlens_q/cu_seqlens_k [B + 1]
+    prefix sums (zero-length sequences allowed); lse is [Hq, total_q]. Rows past the last
+    offset are padding: never read, and their outputs are not written.
+    """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    shapes = _check_prefill(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, out=out, lse_out=lse_out)
+    varlen, B, Tq, Tk, Hq, Hkv, D = (shapes.varlen, shapes.B, shapes.Tq, shapes.Tk, shapes.Hq, shapes.Hkv,
+                                      shapes.D)
+    scale, lse_shape = shapes.scale, shapes.lse_shape
     out = new_out(out, q.shape, q.dtype, q.device)
     lse = new_out(lse_out, lse_shape, torch.float32, q.device, "lse_out") if return_lse else None
     if q.numel() and B and Hq:
@@ -421,6 +459,405 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     elif lse is not None:
         lse.fill_(-float("inf"))
     return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward (FlashAttention-2's): P is recomputed from q, k and the forward's lse, never stored
+# ---------------------------------------------------------------------------------------------
+#
+# With P = softmax(scale q k^T + mask) and out = P v, the gradients of a head are
+#   dv = P^T dout,   dP = dout v^T,   delta_i = sum_j P_ij dP_ij = dout_i . out_i,
+#   dS = P (dP - delta),   dq = scale dS k,   dk = scale dS^T q,
+# and a KV head's dk, dv sum those of its group of query heads. Three launches: delta (one dot a
+# row), dk/dv (a program owns a block of keys of one KV head and walks the query tiles of every
+# query head of the group, so the GQA sum stays in registers: deterministic, no atomics), and dq
+# (a program owns a tile of queries and walks the key tiles). P is exp2(s * scale log2(e) -
+# lse log2(e)); a row that sees nothing has lse -inf, read as +inf so that its P is 0.
+
+@triton.jit(do_not_specialize=["Tq"])
+def _attn_bwd_delta_kernel(o_ptr, do_ptr, delta_ptr, cu_q_ptr, Tq, D, so_b, so_t, so_h, so_d,
+                           sdo_b, sdo_t, sdo_h, sdo_d, sd_b, sd_h,
+                           VARLEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta[b, h, i] = sum_d out[i, d] dout[i, d] in fp32 (delta is contiguous along i)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    if VARLEN:
+        q_start = tl.load(cu_q_ptr + b).to(tl.int64)
+        seq_q = (tl.load(cu_q_ptr + b + 1) - q_start).to(tl.int32)
+        o_base = o_ptr + q_start * so_t + h * so_h
+        do_base = do_ptr + q_start * sdo_t + h * sdo_h
+        delta_base = delta_ptr + h * sd_h + q_start
+    else:
+        seq_q = Tq
+        o_base = o_ptr + b * so_b + h * so_h
+        do_base = do_ptr + b * sdo_b + h * sdo_h
+        delta_base = delta_ptr + b * sd_b + h * sd_h
+    if start_m >= seq_q:
+        return
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (rows < seq_q)[:, None] & (offs_d < D)[None, :]
+    r64 = rows[:, None].to(tl.int64)
+    o = tl.load(o_base + r64 * so_t + offs_d[None, :] * so_d, mask=ok, other=0.0)
+    do = tl.load(do_base + r64 * sdo_t + offs_d[None, :] * sdo_d, mask=ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(delta_base + rows.to(tl.int64), delta, mask=rows < seq_q)
+
+
+@triton.jit
+def _row_stats(lse_ptr, delta_ptr, rows, row_ok, sl_t, ROW_MASK: tl.constexpr):
+    """lse * log2(e) (+inf where a row sees nothing, and past the rows: P = 0 there) and delta of
+    a tile's query rows."""
+    if ROW_MASK:
+        lse = tl.load(lse_ptr + rows.to(tl.int64) * sl_t, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_ptr + rows.to(tl.int64), mask=row_ok, other=0.0)
+    else:
+        lse = tl.load(lse_ptr + rows.to(tl.int64) * sl_t)
+        delta = tl.load(delta_ptr + rows.to(tl.int64))
+    lse = tl.where(lse == -float("inf"), float("inf"), lse)
+    return lse * 1.4426950408889634, delta
+
+
+@triton.jit
+def _bwd_kv_step(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, rows, keys, d_ok, seq_q, sl_t, diag, qk_scale,
+                 CAUSAL: tl.constexpr, ROW_MASK: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+    """One query tile against the program's keys, transposed ([keys, queries] tiles):
+    dv += P^T dout, dk += dS^T q (scale applied at the end)."""
+    row_ok = rows < seq_q
+    q = _load_tile(q_ptrs, row_ok, d_ok, ROW_MASK, EVEN_D)
+    do = _load_tile(do_ptrs, row_ok, d_ok, ROW_MASK, EVEN_D)
+    lse2, delta = _row_stats(lse_ptr, delta_ptr, rows, row_ok, sl_t, ROW_MASK)
+    s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+    p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
+    if CAUSAL:
+        p_t = tl.where(keys[:, None] <= rows[None, :] + diag, p_t, 0.0)
+    dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
+    dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["Tq", "Tk"])
+def _attn_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
+                        Tq, Tk, GROUP, D, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                        sdo_b, sdo_t, sdo_h, sdo_d, sl_b, sl_h, sl_t, sd_b, sd_h, sdk_b, sdk_t, sdk_h,
+                        sdv_b, sdv_t, sdv_h, scale, qk_scale,
+                        CAUSAL: tl.constexpr, VARLEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """dk, dv of BLOCK_N keys of KV head kvh: k and v stay in registers while the query tiles of
+    the GROUP query heads that read this KV head go by, in a fixed order."""
+    start_n = tl.program_id(0) * BLOCK_N
+    kvh = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    if VARLEN:
+        q_start = tl.load(cu_q_ptr + b).to(tl.int64)
+        k_start = tl.load(cu_k_ptr + b).to(tl.int64)
+        seq_q = (tl.load(cu_q_ptr + b + 1) - q_start).to(tl.int32)
+        seq_k = (tl.load(cu_k_ptr + b + 1) - k_start).to(tl.int32)
+        q_base = q_ptr + q_start * sq_t
+        do_base = do_ptr + q_start * sdo_t
+        lse_base = lse_ptr + q_start * sl_t
+        delta_base = delta_ptr + q_start
+        k_base = k_ptr + k_start * sk_t + kvh * sk_h
+        v_base = v_ptr + k_start * sv_t + kvh * sv_h
+        dk_base = dk_ptr + k_start * sdk_t + kvh * sdk_h
+        dv_base = dv_ptr + k_start * sdv_t + kvh * sdv_h
+    else:
+        seq_q = Tq
+        seq_k = Tk
+        q_base = q_ptr + b * sq_b
+        do_base = do_ptr + b * sdo_b
+        lse_base = lse_ptr + b * sl_b
+        delta_base = delta_ptr + b * sd_b
+        k_base = k_ptr + b * sk_b + kvh * sk_h
+        v_base = v_ptr + b * sv_b + kvh * sv_h
+        dk_base = dk_ptr + b * sdk_b + kvh * sdk_h
+        dv_base = dv_ptr + b * sdv_b + kvh * sdv_h
+    if start_n >= seq_k:
+        return
+
+    keys = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    key_ok = keys < seq_k
+    k = _load_tile(k_base + keys[:, None].to(tl.int64) * sk_t + offs_d[None, :] * sk_d, key_ok, d_ok, True, EVEN_D)
+    v = _load_tile(v_base + keys[:, None].to(tl.int64) * sv_t + offs_d[None, :] * sv_d, key_ok, d_ok, True, EVEN_D)
+    # Key rows past seq_k are zeros; their P and dS only reach their own dk, dv rows, never stored.
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # Query tiles are a scalar base pointer plus int32 offsets within the tile (the launcher keeps
+    # them below 2^31), as in the forward.
+    q_offs = offs_m[:, None] * sq_t + offs_d[None, :] * sq_d
+    do_offs = offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d
+
+    # Query rows [lo, mid) see some keys of this block, but not all: the causal mask. Rows from
+    # mid on see them all; rows below lo none (never read). Tiles of [mid, full) need no mask at
+    # all; [max(mid, full), seq_q) is the last, partial tile. lo and mid are multiples of
+    # BLOCK_M (or mid = seq_q), so the three walks meet.
+    diag = seq_k - seq_q
+    if CAUSAL:
+        lo = (tl.maximum(start_n - diag, 0) // BLOCK_M) * BLOCK_M
+        mid = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - diag, 0), BLOCK_M) * BLOCK_M, seq_q)
+        first = lo.to(tl.int64)
+    else:
+        lo = 0
+        mid = 0
+        first = 0
+    full = (seq_q // BLOCK_M) * BLOCK_M
+    for g in range(0, GROUP):
+        h = kvh * GROUP + g
+        q_at = q_base + h * sq_h + first * sq_t
+        do_at = do_base + h * sdo_h + first * sdo_t
+        lse_head = lse_base + h * sl_h
+        delta_head = delta_base + h * sd_h
+        for start_m in range(lo, mid, BLOCK_M):
+            dk, dv = _bwd_kv_step(dk, dv, k, v, q_at + q_offs, do_at + do_offs, lse_head, delta_head,
+                                  start_m + offs_m, keys, d_ok, seq_q, sl_t, diag, qk_scale,
+                                  True, True, EVEN_D, PRECISION)
+            q_at += BLOCK_M * sq_t
+            do_at += BLOCK_M * sdo_t
+        for start_m in range(mid, full, BLOCK_M):
+            dk, dv = _bwd_kv_step(dk, dv, k, v, q_at + q_offs, do_at + do_offs, lse_head, delta_head,
+                                  start_m + offs_m, keys, d_ok, seq_q, sl_t, diag, qk_scale,
+                                  False, False, EVEN_D, PRECISION)
+            q_at += BLOCK_M * sq_t
+            do_at += BLOCK_M * sdo_t
+        for start_m in range(tl.maximum(mid, full), seq_q, BLOCK_M):
+            dk, dv = _bwd_kv_step(dk, dv, k, v, q_at + q_offs, do_at + do_offs, lse_head, delta_head,
+                                  start_m + offs_m, keys, d_ok, seq_q, sl_t, diag, qk_scale,
+                                  False, True, EVEN_D, PRECISION)
+
+    # Keys no query sees (a sequence with no queries, or GROUP 0) get zeros.
+    store_ok = key_ok[:, None] & d_ok[None, :]
+    tl.store(dk_base + keys[:, None].to(tl.int64) * sdk_t + offs_d[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
+             mask=store_ok)
+    tl.store(dv_base + keys[:, None].to(tl.int64) * sdv_t + offs_d[None, :], dv.to(dv_ptr.dtype.element_ty),
+             mask=store_ok)
+
+
+@triton.jit
+def _bwd_q_step(dq, q, do, lse2, delta, k_ptrs, v_ptrs, key_ok, visible, d_ok, qk_scale,
+                MASK: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+    """One key tile against the program's queries: dq += dS k (scale applied at the end)."""
+    k = _load_tile(k_ptrs, key_ok, d_ok, MASK, EVEN_D)
+    v = _load_tile(v_ptrs, key_ok, d_ok, MASK, EVEN_D)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    p = tl.exp2(s * qk_scale - lse2[:, None])
+    if MASK:
+        p = tl.where(visible, p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    ds = p * (dp - delta[:, None])
+    return tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
+
+
+@triton.jit(do_not_specialize=["Tq", "Tk"])
+def _attn_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
+                       Tq, Tk, GROUP, D, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                       sdo_b, sdo_t, sdo_h, sdo_d, sl_b, sl_h, sl_t, sd_b, sd_h, sdq_b, sdq_t, sdq_h, scale, qk_scale,
+                       CAUSAL: tl.constexpr, VARLEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """dq of BLOCK_M queries of head h: the forward's walk over the key tiles (unmasked ones
+    first, then those the causal or length mask cuts)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    h = tl.program_id(1).to(tl.int64)       # head and batch offsets in int64: h * head stride can pass 2^31
+    b = tl.program_id(2).to(tl.int64)
+    kvh = h // GROUP
+    if VARLEN:
+        q_start = tl.load(cu_q_ptr + b).to(tl.int64)
+        k_start = tl.load(cu_k_ptr + b).to(tl.int64)
+        seq_q = (tl.load(cu_q_ptr + b + 1) - q_start).to(tl.int32)
+        seq_k = (tl.load(cu_k_ptr + b + 1) - k_start).to(tl.int32)
+        q_base = q_ptr + q_start * sq_t + h * sq_h
+        do_base = do_ptr + q_start * sdo_t + h * sdo_h
+        lse_base = lse_ptr + q_start * sl_t + h * sl_h
+        delta_base = delta_ptr + q_start + h * sd_h
+        k_base = k_ptr + k_start * sk_t + kvh * sk_h
+        v_base = v_ptr + k_start * sv_t + kvh * sv_h
+        dq_base = dq_ptr + q_start * sdq_t + h * sdq_h
+    else:
+        seq_q = Tq
+        seq_k = Tk
+        q_base = q_ptr + b * sq_b + h * sq_h
+        do_base = do_ptr + b * sdo_b + h * sdo_h
+        lse_base = lse_ptr + b * sl_b + h * sl_h
+        delta_base = delta_ptr + b * sd_b + h * sd_h
+        k_base = k_ptr + b * sk_b + kvh * sk_h
+        v_base = v_ptr + b * sv_b + kvh * sv_h
+        dq_base = dq_ptr + b * sdq_b + h * sdq_h
+    if start_m >= seq_q:
+        return
+
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = rows < seq_q
+    d_ok = offs_d < D
+    r64 = rows[:, None].to(tl.int64)
+    q = _load_tile(q_base + r64 * sq_t + offs_d[None, :] * sq_d, row_ok, d_ok, True, EVEN_D)
+    do = _load_tile(do_base + r64 * sdo_t + offs_d[None, :] * sdo_d, row_ok, d_ok, True, EVEN_D)
+    lse2, delta = _row_stats(lse_base, delta_base, rows, row_ok, sl_t, True)
+    k_offs = offs_n[:, None] * sk_t + offs_d[None, :] * sk_d
+    v_offs = offs_n[:, None] * sv_t + offs_d[None, :] * sv_d
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    diag = seq_k - seq_q
+    if CAUSAL:
+        full_end = tl.minimum(seq_k, tl.maximum(0, start_m + diag + 1))
+        hi = tl.minimum(seq_k, tl.maximum(0, start_m + BLOCK_M + diag))
+    else:
+        full_end = seq_k
+        hi = seq_k
+    full_end = (full_end // BLOCK_N) * BLOCK_N
+    for start_n in range(0, full_end, BLOCK_N):
+        dq = _bwd_q_step(dq, q, do, lse2, delta, k_base + k_offs, v_base + v_offs, None, None, d_ok, qk_scale,
+                         False, EVEN_D, PRECISION)
+        k_base += BLOCK_N * sk_t
+        v_base += BLOCK_N * sv_t
+    for start_n in range(full_end, hi, BLOCK_N):
+        keys = start_n + offs_n
+        visible = (keys < seq_k)[None, :]
+        if CAUSAL:
+            visible = visible & (keys[None, :] <= rows[:, None] + diag)
+        dq = _bwd_q_step(dq, q, do, lse2, delta, k_base + k_offs, v_base + v_offs, keys < seq_k, visible, d_ok,
+                         qk_scale, True, EVEN_D, PRECISION)
+        k_base += BLOCK_N * sk_t
+        v_base += BLOCK_N * sv_t
+    # Rows that see no key (hi = 0) store zeros.
+    tl.store(dq_base + r64 * sdq_t + offs_d[None, :], (dq * scale).to(dq_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
+
+
+def _bwd_blocks(seq_q, seq_k, d, elem_size, block_m, block_n):
+    """Tiles of the two backward kernels: {"kv": (query tile, key tile, warps, stages), "q": ...}.
+    The dk/dv kernel keeps a large key tile (k, v and two fp32 accumulators) and walks small query
+    tiles; the dq kernel the other way round (FlashAttention-2's split). Not tuned on a GPU yet:
+    a starting point by head dim; fp32 keeps the forward's small tiles (compile time). The
+    interpreter takes 64 x 64, fewer programs. block_m / block_n (query / key tile) fix both."""
+    if interpreting():
+        kv, q, warps, stages = (64, 64), (64, 64), 4, 1
+    elif elem_size == 4:
+        kv, q, warps, stages = (32, 32), (32, 32), 4, 2
+    elif d <= 64:
+        kv, q, warps, stages = (32, 128), (128, 32), 4, 3
+    elif d <= 128:
+        kv, q, warps, stages = (32, 64), (64, 32), 4, 2
+    else:
+        kv, q, warps, stages = (16, 32), (32, 16), 4, 2
+    for name, given in (("block_m", block_m), ("block_n", block_n)):
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 16
+                                  or given & (given - 1)):
+            raise ValueError(f"{name}: expected a power of two >= 16, got {given}")
+
+    def clip(bm, bn):
+        return (block_m or min(bm, max(16, triton.next_power_of_2(max(seq_q, 1)))),
+                block_n or min(bn, max(16, triton.next_power_of_2(max(seq_k, 1)))))
+
+    (kv_m, kv_n), (q_m, q_n) = clip(*kv), clip(*q)
+    # Shared memory: the resident tiles (k and v, or q and dout) and `stages` buffers of the
+    # walked pair.
+    kv_m, kv_stages = _fit_shared(2 * kv_n, kv_m, stages, d, elem_size, fixed_bn=block_m is not None)
+    q_n, q_stages = _fit_shared(2 * q_m, q_n, stages, d, elem_size, fixed_bn=block_n is not None)
+    return {"kv": (kv_m, kv_n, warps, kv_stages), "q": (q_m, q_n, warps, q_stages)}
+
+
+def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                             do: torch.Tensor, causal: bool = False, scale: float | None = None, *,
+                             cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                             out: tuple | None = None, block_m: int | None = None, block_n: int | None = None):
+    """The gradients (dq, dk, dv) of flash_attention's out for an upstream gradient do.
+
+    q, k, v, causal, scale, cu_seqlens_q/k as flash_attention took them; o its out and lse its
+    fp32 log-sum-exp ([B, Hq, Tq], varlen [Hq, total_q]); do like o. Any strides. Returns dq like
+    q, dk and dv like k (contiguous, in the input dtype), or writes them into out = (dq, dk, dv).
+    A query row that saw nothing (lse -inf) gets dq 0 and gives nothing to dk, dv; keys no query
+    sees, and varlen rows past the last offset, get zeros.
+    """
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    nd = 3 if varlen else 4
+    for name, t in (("o", o), ("do", do)):
+        check_tensor(name, t, ndim=nd)
+    check_tensor("lse", lse, dtypes=(torch.float32,), ndim=nd - 1)
+    shapes = _check_prefill(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, o=o, lse=lse, do=do)
+    check_same_dtype(q=q, o=o, do=do)
+    check_shape("o", o, q.shape)
+    check_shape("do", do, q.shape)
+    check_shape("lse", lse, shapes.lse_shape)
+    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 3):
+        raise TypeError(f"out: expected a tuple of three tensors (dq, dk, dv), got {type(out).__name__}"
+                        + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
+    bufs = out if out is not None else (None, None, None)
+    dq = new_out(bufs[0], q.shape, q.dtype, q.device, "out[0] (dq)")
+    dk = new_out(bufs[1], k.shape, k.dtype, q.device, "out[1] (dk)")
+    dv = new_out(bufs[2], v.shape, v.dtype, q.device, "out[2] (dv)")
+    B, Tq, Tk, Hq, Hkv, D = shapes.B, shapes.Tq, shapes.Tk, shapes.Hq, shapes.Hkv, shapes.D
+    if varlen:      # padding rows past the last offsets take no part: their gradients are zeros
+        for grad, last in ((dq, shapes.last_q), (dk, shapes.last_k), (dv, shapes.last_k)):
+            grad[last:].zero_()
+    if not B:
+        return dq, dk, dv
+
+    blocks = _bwd_blocks(Tq, Tk, D, q.element_size(), block_m, block_n)
+    block_d = max(16, triton.next_power_of_2(D))
+    # Tiles are addressed with int32 offsets within the tile (as in the forward; rows and heads
+    # in int64): an input whose tile (the walked one for q, do, k, v; o's in the delta kernel)
+    # spans 2^31 elements or more is copied first.
+    tensors = {"q": q, "do": do, "k": k, "v": v, "o": o}
+    for names, rows in ((("q", "do", "o"), blocks["kv"][0]), (("k", "v"), blocks["q"][1])):
+        for name in names:
+            t = tensors[name]
+            if rows * t.stride(-3) + block_d * t.stride(-1) >= 2**31:
+                tensors[name] = t.contiguous()
+    q, do, k, v, o = (tensors[name] for name in ("q", "do", "k", "v", "o"))
+    delta = allocate(shapes.lse_shape, torch.float32, q.device, name="delta")
+    sq, sk, sv, so, sdo = ((*_strides(t, varlen), t.stride(-1)) for t in (q, k, v, o, do))   # (b, t, h, d)
+    sl = (0, *lse.stride()) if varlen else lse.stride()        # (b, h, t)
+    sd = (0, delta.stride(0)) if varlen else delta.stride()[:2]
+    cu_q = cu_seqlens_q if varlen else q
+    cu_k = cu_seqlens_k if varlen else q
+    common = dict(CAUSAL=causal, VARLEN=varlen, EVEN_D=D == block_d, BLOCK_D=block_d, PRECISION=_precision(q.dtype))
+    scale = shapes.scale
+    if Tq and Hq:
+        bm = blocks["q"][0]
+        _attn_bwd_delta_kernel[(triton.cdiv(Tq, bm), Hq, B)](
+            o, do, delta, cu_q, Tq, D, *so, *sdo, *sd, VARLEN=varlen, BLOCK_M=bm, BLOCK_D=block_d, num_warps=4)
+    if Tk:          # Hq = 0 (GROUP 0) or Tq = 0 still stores zeros
+        bm, bn, warps, stages = blocks["kv"]
+        _attn_bwd_kv_kernel[(triton.cdiv(Tk, bn), Hkv, B)](
+            q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, Tq, Tk, Hq // Hkv, D, *sq, *sk, *sv, *sdo, *sl, *sd,
+            *_strides(dk, varlen), *_strides(dv, varlen), scale, scale * _LOG2E,
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **common)
+    if Tq and Hq:
+        bm, bn, warps, stages = blocks["q"]
+        _attn_bwd_q_kernel[(triton.cdiv(Tq, bm), Hq, B)](
+            q, k, v, do, lse, delta, dq, cu_q, cu_k, Tq, Tk, Hq // Hkv, D, *sq, *sk, *sv, *sdo, *sl, *sd,
+            *_strides(dq, varlen), scale, scale * _LOG2E,
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **common)
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """flash_attention with its gradient: FlashAttentionFunction.apply(q, k, v, causal=False,
+    scale=None, cu_seqlens_q=None, cu_seqlens_k=None) -> out (positional arguments only, as every
+    autograd Function). The forward runs the forward kernel and keeps q, k, v, out and the fp32
+    lse; the backward runs flash_attention_backward on them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+        out, lse = flash_attention(q, k, v, causal, scale, return_lse=True, cu_seqlens_q=cu_seqlens_q,
+                                   cu_seqlens_k=cu_seqlens_k)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout, ctx.causal, ctx.scale,
+                                              cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        return dq, dk, dv, None, None, None, None
 
 
 def _decode_splits(B, Hkv, capacity, block_n, num_splits):

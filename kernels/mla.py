@@ -32,10 +32,12 @@ _INT_DTYPES = (torch.int32, torch.int64)
 # Shared memory a launch may plan for: the H100/H200 give a block 227 KiB (232448 bytes).
 _SHARED_BYTES = 224 * 1024
 # Split the cache until about this many programs run per SM (auto num_splits), no split
-# shorter than _MIN_SPLIT_TILES tiles. The interpreter counts as a machine of 2 SMs.
-_PROGRAMS_PER_SM = 4
-_MIN_SPLIT_TILES = 4
+# shorter than this many tiles: (programs per SM, tiles) for blocks of up to 32 rows (H 16:
+# memory-bound, where more, longer splits fill the waves: bench/NOTES.md), for larger blocks
+# (H 128), and for the interpreter, which counts as a machine of 2 SMs.
+_SPLIT_PLAN = {"narrow": (8, 8), "wide": (4, 4), "interpreter": (4, 4)}
 _INTERPRETER_SMS = 2
+_PAGE_MODE = None           # 0: always a page index a position (tests and bench/explore_mla.py compare the modes)
 
 
 @triton.jit
@@ -53,9 +55,9 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
                        sqn_b, sqn_t, sqn_h, sqn_d, sqp_b, sqp_t, sqp_h, sqp_d,
                        sc_p, sc_s, sc_d, sk_p, sk_s, sk_d, st_b, st_p,
                        so_b, so_r, so_s, ss_p, ss_b, ss_r, qk_scale,
-                       PAGED: tl.constexpr, FINAL: tl.constexpr, EVEN_L: tl.constexpr, EVEN_R: tl.constexpr,
-                       BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_P: tl.constexpr, PRECISION: tl.constexpr):
+                       PAGED: tl.constexpr, PAGE_MODE: tl.constexpr, FINAL: tl.constexpr, EVEN_L: tl.constexpr,
+                       EVEN_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+                       BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, PRECISION: tl.constexpr):
     """Program (row block, split, b): rows [pid0 * BLOCK_H, +BLOCK_H) of sequence b against
     positions [split * chunk, (split + 1) * chunk).
 
@@ -111,12 +113,20 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
     for start in range(lo, hi, BLOCK_N):
         pos = start + offs_n
         pos_ok = pos < hi
-        if PAGED:
+        if PAGE_MODE == 0:
             # Each position finds its page: a tile may straddle pages of any size.
             page = tl.load(table_ptr + b * st_b + (pos // page_size).to(tl.int64) * st_p, mask=pos_ok,
                            other=0).to(tl.int64)
             page = tl.where((page >= 0) & (page < num_pages), page, 0)       # checked above; clamped anyway
             slot = (pos % page_size).to(tl.int64)
+            c_row = page * sc_p + slot * sc_s
+            k_row = page * sk_p + slot * sk_s
+        elif PAGE_MODE == 1:
+            # The tile lies in one page (page_size a multiple of BLOCK_N): one index a tile, whose
+            # rows are then contiguous (on the H200, 65-80% of copy where mode 0 gives 48-57%).
+            page = tl.load(table_ptr + b * st_b + (start // page_size).to(tl.int64) * st_p).to(tl.int64)
+            page = tl.where((page >= 0) & (page < num_pages), page, 0)
+            slot = (start % page_size + offs_n).to(tl.int64)
             c_row = page * sc_p + slot * sc_s
             k_row = page * sk_p + slot * sk_s
         else:
@@ -258,18 +268,25 @@ def _sm_count(device_index):
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _splits(programs, length, block_n, num_splits, device):
-    """(splits, chunk): about _PROGRAMS_PER_SM programs per SM over the `programs` (sequences x
-    row blocks) of a call, but no split shorter than _MIN_SPLIT_TILES tiles (the combine step is
-    not free). chunk, the positions a split reads, is a multiple of block_n."""
-    if num_splits is None:
-        sms = _INTERPRETER_SMS if device.type != "cuda" else _sm_count(
-            device.index if device.index is not None else torch.cuda.current_device())
-        wanted = triton.cdiv(_PROGRAMS_PER_SM * sms, max(1, programs))
-        num_splits = max(1, min(wanted, triton.cdiv(length, _MIN_SPLIT_TILES * block_n), _MAX_GRID_YZ))
+def _splits(programs, length, block_n, num_splits, device, block_h=64):
+    """(splits, chunk): about _SPLIT_PLAN's programs per SM over the `programs` (sequences x
+    row blocks) of a call, but no split shorter than its tiles (the combine step is not free).
+    chunk, the positions a split reads, is a multiple of block_n; an automatic count drops the
+    splits that rounding chunk up leaves empty."""
+    auto = num_splits is None
+    if auto:
+        if device.type != "cuda":
+            sms, (per_sm, min_tiles) = _INTERPRETER_SMS, _SPLIT_PLAN["interpreter"]
+        else:
+            sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+            per_sm, min_tiles = _SPLIT_PLAN["narrow" if block_h <= 32 else "wide"]
+        wanted = triton.cdiv(per_sm * sms, max(1, programs))
+        num_splits = max(1, min(wanted, triton.cdiv(length, min_tiles * block_n), _MAX_GRID_YZ))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= _MAX_GRID_YZ:
         raise ValueError(f"num_splits: expected an int in [1, {_MAX_GRID_YZ}], got {num_splits!r}")
     chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), block_n) * block_n
+    if auto and device.type == "cuda":
+        num_splits = triton.cdiv(max(length, 1), chunk)
     return num_splits, chunk
 
 
@@ -358,7 +375,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
     bh, bn, bl, br, warps, stages = _tiles(rows, L, R, q_nope.element_size(), capacity, block_h, block_n, num_warps,
                                            num_stages, gpu=not interpreting())
     row_blocks = triton.cdiv(rows, bh)
-    splits, chunk = _splits(B * row_blocks, capacity, bn, num_splits, q_nope.device)
+    splits, chunk = _splits(B * row_blocks, capacity, bn, num_splits, q_nope.device, bh)
     table = page_table if page_table is not None else lens
     st_b, st_p = page_table.stride() if page_table is not None else (0, 0)
     word = error_word(q_nope.device, validate)
@@ -366,9 +383,11 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
     sizes = (Tq, H, L, R, chunk, page_size, capacity, c_kv.shape[0], *q_nope.stride(), *q_pe.stride(),
              *c_kv.stride(), *k_pe.stride(), st_b, st_p)
     qk_scale = softmax_scale * _LOG2E
-    common = dict(PAGED=page_table is not None, EVEN_L=L == bl, EVEN_R=R == br, BLOCK_H=bh, BLOCK_N=bn, BLOCK_L=bl,
-                  BLOCK_R=br, BLOCK_P=128, PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", num_warps=warps,
-                  num_stages=stages)
+    # Paged addressing: 0, a page index a position; 1, a page index a tile (the tile lies in one page).
+    page_mode = -1 if page_table is None else int(page_size % bn == 0 and _PAGE_MODE != 0)
+    common = dict(PAGED=page_table is not None, PAGE_MODE=page_mode, EVEN_L=L == bl, EVEN_R=R == br, BLOCK_H=bh,
+                  BLOCK_N=bn, BLOCK_L=bl, BLOCK_R=br, BLOCK_P=128,
+                  PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
     grid = (row_blocks, splits, B)
     if splits == 1:
         _mla_decode_kernel[grid](*args, o, lse, word, *sizes, o.stride(0), L, 0, 0, lse.stride(0), 1, qk_scale,

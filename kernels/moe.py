@@ -690,17 +690,18 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
 
 from kernels.mxfp4 import BLOCK as MXFP4_BLOCK, _mxfp4_decode  # noqa: E402  (this section's own import)
 
-_F32, _F16, _BF16 = 0, 1, 2          # the GEMM operand dtype (x's): how a decoded tile reaches it
+# The GEMM operand dtype (x's) and how a weight tile reaches it: decoded here (fp32, fp16, bf16) or
+# widened by tl.dot_scaled (bf16 on a GPU, _MXFP4_TILES["scaled"]).
+_F32, _F16, _BF16, _BF16_SCALED = 0, 1, 2, 3
 
 
 @triton.jit
-def _mxfp4_weight_tile(q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1, ss2,
-                       BLOCK_K: tl.constexpr, OPERAND: tl.constexpr):
+def _mxfp4_codes_tile(q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1, ss2, BLOCK_K: tl.constexpr):
     """Rows `rows` and columns k0 .. k0 + BLOCK_K - 1 of expert e's MXFP4 weight matrix (K
-    columns: codes [rows, K / 2], scales [rows, K / 32]), as a [rows, BLOCK_K] tile of the operand
-    dtype. k0 and BLOCK_K are multiples of 32, so the tile holds whole scale blocks. Rows outside
-    `row_ok` and columns past K load code 0 under scale 0: zeros. fp32 and bf16 get the decoded
-    values exactly; fp16 rounds each once (to nearest even)."""
+    columns: codes [rows, K / 2], scales [rows, K / 32]) as stored: (code bytes [rows, BLOCK_K /
+    2], scale bytes [rows, BLOCK_K / 32]). k0 and BLOCK_K are multiples of 32, so the tile holds
+    whole scale blocks. Rows outside `row_ok` and columns past K load code 0 under scale 127 (1):
+    zeros."""
     e64 = e.to(tl.int64)
     r64 = rows.to(tl.int64)[:, None]
     nb = k0 // 2 + tl.arange(0, BLOCK_K // 2)               # code bytes: two values each
@@ -708,13 +709,79 @@ def _mxfp4_weight_tile(q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0,
     packed = tl.load(q_ptr + e64 * sq0 + r64 * sq1 + nb.to(tl.int64)[None, :] * sq2,
                      mask=row_ok[:, None] & (nb < K // 2)[None, :], other=0)
     scales = tl.load(s_ptr + e64 * ss0 + r64 * ss1 + ns.to(tl.int64)[None, :] * ss2,
-                     mask=row_ok[:, None] & (ns < K // 32)[None, :], other=0)
-    if OPERAND == 2:
-        return _mxfp4_decode(packed, scales, BLOCK_K, True)
-    elif OPERAND == 1:
-        return _mxfp4_decode(packed, scales, BLOCK_K).to(tl.float16)
+                     mask=row_ok[:, None] & (ns < K // 32)[None, :], other=127)
+    return packed, scales
+
+
+@triton.jit
+def _mxfp4_dot(a, q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1, ss2, acc,
+               BLOCK_K: tl.constexpr, OPERAND: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + a W^T for the [rows, BLOCK_K] MXFP4 tile W at (rows, k0) (_mxfp4_codes_tile). fp32 and
+    fp16 operands decode the tile here (fp32 exactly, fp16 rounding each value once, to nearest
+    even), then tl.dot; so do bf16 operands (exactly). OPERAND 3 (bf16) hands the tile to
+    tl.dot_scaled instead (_mxfp4_operand says when)."""
+    packed, scales = _mxfp4_codes_tile(q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1, ss2, BLOCK_K)
+    if OPERAND == 3:
+        acc = tl.dot_scaled(a, None, "bf16", tl.trans(packed), scales, "e2m1", acc)
     else:
-        return _mxfp4_decode(packed, scales, BLOCK_K)
+        if OPERAND >= 2:
+            w = _mxfp4_decode(packed, scales, BLOCK_K, True)
+        elif OPERAND == 1:
+            w = _mxfp4_decode(packed, scales, BLOCK_K).to(tl.float16)
+        else:
+            w = _mxfp4_decode(packed, scales, BLOCK_K)
+        acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _mxfp4_plain_scales(s_ptr, e, rows, row_ok, K, ss0, ss1, ss2):
+    """True when no scale of expert e's rows `rows` (K columns) is 0 (2^-127) or 255 (NaN), the
+    codes Triton's tl.dot_scaled reads as 0 and inf (bench/NOTES.md): one pass over the scales
+    before the K loop, so the loop keeps one path (a check inside it cost a third of the speed on
+    the H200)."""
+    cols = tl.arange(0, 32)
+    special = tl.zeros([rows.shape[0], 32], tl.int32)
+    for c0 in range(0, K // 32, 32):
+        code = tl.load(s_ptr + e.to(tl.int64) * ss0 + rows.to(tl.int64)[:, None] * ss1
+                       + (c0 + cols).to(tl.int64)[None, :] * ss2,
+                       mask=row_ok[:, None] & (c0 + cols < K // 32)[None, :], other=127).to(tl.int32) & 0xFF
+        special = special | ((code == 0) | (code == 255)).to(tl.int32)
+    return tl.max(tl.max(special, axis=1), axis=0) == 0
+
+
+@triton.jit
+def _mxfp4_up_loop(x_ptr, q_ptr, s_ptr, e, token, live, cols, col_ok, H, I, sx0, sx1, sq0, sq1, sq2, ss0, ss1, ss2,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OPERAND: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """The up GEMM's K loop: (x G_e^T, x U_e^T) for one tile, in fp32."""
+    ks = tl.arange(0, BLOCK_K)
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        kk = k0 + ks
+        a = tl.load(x_ptr + token[:, None] * sx0 + kk.to(tl.int64)[None, :] * sx1,
+                    mask=live[:, None] & (kk < H)[None, :], other=0.0)
+        acc_g = _mxfp4_dot(a, q_ptr, s_ptr, e, cols, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2, acc_g,
+                           BLOCK_K, OPERAND, PRECISION)                                 # gate rows
+        acc_u = _mxfp4_dot(a, q_ptr, s_ptr, e, cols + I, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2, acc_u,
+                           BLOCK_K, OPERAND, PRECISION)                                 # up rows
+    return acc_g, acc_u
+
+
+@triton.jit
+def _mxfp4_down_loop(h_ptr, q_ptr, s_ptr, e, slots, live, cols, col_ok, I, sq0, sq1, sq2, ss0, ss1, ss2,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OPERAND: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    """The down GEMM's K loop: h W2_e^T for one tile, in fp32."""
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        kk = k0 + ks
+        a = tl.load(h_ptr + slots[:, None] * I + kk[None, :], mask=live[:, None] & (kk < I)[None, :], other=0.0)
+        acc = _mxfp4_dot(a, q_ptr, s_ptr, e, cols, col_ok, k0, I, sq0, sq1, sq2, ss0, ss1, ss2, acc,
+                         BLOCK_K, OPERAND, PRECISION)
+    return acc
 
 
 @triton.jit
@@ -737,19 +804,19 @@ def _moe_mxfp4_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_pt
         token = tl.where(live, entry // K_SLOTS, 0).to(tl.int64)
         cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
-        ks = tl.arange(0, BLOCK_K)
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            kk = k0 + ks
-            a = tl.load(x_ptr + token[:, None] * sx0 + kk.to(tl.int64)[None, :] * sx1,
-                        mask=live[:, None] & (kk < H)[None, :], other=0.0)
-            wg = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2,
-                                    BLOCK_K, OPERAND)                                  # gate rows
-            wu = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols + I, col_ok, k0, H, sq0, sq1, sq2, ss0, ss1, ss2,
-                                    BLOCK_K, OPERAND)                                  # up rows
-            acc_g = tl.dot(a, tl.trans(wg), acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a, tl.trans(wu), acc_u, input_precision=PRECISION)
+        if OPERAND == 3:
+            # Both halves' scales: OPERAND 3 only where neither holds a special code.
+            plain = _mxfp4_plain_scales(s_ptr, e, cols, col_ok, H, ss0, ss1, ss2) & \
+                _mxfp4_plain_scales(s_ptr, e, cols + I, col_ok, H, ss0, ss1, ss2)
+            if plain:
+                acc_g, acc_u = _mxfp4_up_loop(x_ptr, q_ptr, s_ptr, e, token, live, cols, col_ok, H, I, sx0, sx1,
+                                              sq0, sq1, sq2, ss0, ss1, ss2, BLOCK_M, BLOCK_N, BLOCK_K, 3, PRECISION)
+            else:
+                acc_g, acc_u = _mxfp4_up_loop(x_ptr, q_ptr, s_ptr, e, token, live, cols, col_ok, H, I, sx0, sx1,
+                                              sq0, sq1, sq2, ss0, ss1, ss2, BLOCK_M, BLOCK_N, BLOCK_K, 2, PRECISION)
+        else:
+            acc_g, acc_u = _mxfp4_up_loop(x_ptr, q_ptr, s_ptr, e, token, live, cols, col_ok, H, I, sx0, sx1,
+                                          sq0, sq1, sq2, ss0, ss1, ss2, BLOCK_M, BLOCK_N, BLOCK_K, OPERAND, PRECISION)
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         tl.store(h_ptr + slots[:, None] * I + cols[None, :], h.to(h_ptr.dtype.element_ty),
                  mask=live[:, None] & col_ok[None, :])
@@ -771,20 +838,22 @@ def _moe_mxfp4_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, sorted_ptr, block_exper
         live = tl.load(sorted_ptr + slots) < N_ENTRIES
         cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < H
-        ks = tl.arange(0, BLOCK_K)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            kk = k0 + ks
-            a = tl.load(h_ptr + slots[:, None] * I + kk[None, :], mask=live[:, None] & (kk < I)[None, :], other=0.0)
-            w = _mxfp4_weight_tile(q_ptr, s_ptr, e, cols, col_ok, k0, I, sq0, sq1, sq2, ss0, ss1, ss2,
-                                   BLOCK_K, OPERAND)
-            acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+        if OPERAND == 3:
+            if _mxfp4_plain_scales(s_ptr, e, cols, col_ok, I, ss0, ss1, ss2):
+                acc = _mxfp4_down_loop(h_ptr, q_ptr, s_ptr, e, slots, live, cols, col_ok, I, sq0, sq1, sq2, ss0, ss1,
+                                       ss2, BLOCK_M, BLOCK_N, BLOCK_K, 3, PRECISION)
+            else:
+                acc = _mxfp4_down_loop(h_ptr, q_ptr, s_ptr, e, slots, live, cols, col_ok, I, sq0, sq1, sq2, ss0, ss1,
+                                       ss2, BLOCK_M, BLOCK_N, BLOCK_K, 2, PRECISION)
+        else:
+            acc = _mxfp4_down_loop(h_ptr, q_ptr, s_ptr, e, slots, live, cols, col_ok, I, sq0, sq1, sq2, ss0, ss1, ss2,
+                                   BLOCK_M, BLOCK_N, BLOCK_K, OPERAND, PRECISION)
         tl.store(buf_ptr + slots[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
 
 
 # GPU tiles of moe_mxfp4's kernels (bench/explore_moe.py --part mxfp4; H200: the even / odd
 # column split of a decoded tile, tried against tl.interleave, ran 1.2-5x slower).
-_MXFP4_TILES = dict(up_n=64, down_n=128, k=128, warps=4, stages=3)
+_MXFP4_TILES = dict(up_n=64, down_n=128, k=128, warps=4, stages=3, scaled=True)
 
 
 def _moe_mxfp4_blocks(T, K, E, H, I, block_m):
@@ -864,17 +933,22 @@ def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2
     h = allocate((sorted_ids.shape[0], I), x.dtype, x.device, name="h")
     buf = allocate((sorted_ids.shape[0], H), torch.float32, x.device, name="moe_partial")
     operand = {torch.float32: _F32, torch.float16: _F16, torch.bfloat16: _BF16}[x.dtype]
+    # tl.dot_scaled for bf16 tiles of 64 columns or more (with 32, one scale a row, Triton 3.6
+    # computed wrong products on the H200 when BLOCK_N was 128: bench/NOTES.md).
+    scaled = operand == _BF16 and _MXFP4_TILES["scaled"] and not interpreting()
+    op_up = _BF16_SCALED if scaled and bk_up >= 64 else operand
+    op_dn = _BF16_SCALED if scaled and bk_dn >= 64 else operand
     precision = "ieee" if x.dtype == torch.float32 else "tf32"      # (only fp32 operands read it)
     tiles_up = triton.cdiv(I, bn_up)
     _moe_mxfp4_up_kernel[(n_blocks * tiles_up,)](
         x, w13_q, w13_scales, h, sorted_ids, block_expert, N, K, H, I, x.stride(0), x.stride(1),
         *w13_q.stride(), *w13_scales.stride(), tiles_up,
-        BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, OPERAND=operand, PRECISION=precision,
+        BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, OPERAND=op_up, PRECISION=precision,
         num_warps=_MXFP4_TILES["warps"], num_stages=_MXFP4_TILES["stages"])
     tiles_dn = triton.cdiv(H, bn_dn)
     _moe_mxfp4_down_kernel[(n_blocks * tiles_dn,)](
         h, w2_q, w2_scales, buf, sorted_ids, block_expert, N, H, I, *w2_q.stride(), *w2_scales.stride(), tiles_dn,
-        BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, OPERAND=operand, PRECISION=precision,
+        BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, OPERAND=op_dn, PRECISION=precision,
         num_warps=_MXFP4_TILES["warps"], num_stages=_MXFP4_TILES["stages"])
     _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
     return out

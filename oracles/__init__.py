@@ -7,6 +7,7 @@ shifted statistics). Each takes torch tensors, computes in float64 on the device
 from oracles.adamw import adamw
 from oracles.activations import bias_gelu
 from oracles.attention import (decode_attention, decode_out_score_magnitude, decode_tie_allowance, flash_attention,
+                               flash_attention_backward, flash_attention_backward_magnitudes,
                                flash_attention_magnitudes, flash_attention_tie_allowance)
 from oracles.cross_entropy import fused_linear_cross_entropy, fused_linear_cross_entropy_magnitudes
 from oracles.embedding import embedding
@@ -20,4 +21,4 @@ from oracles.norms import add_rmsnorm, layernorm, rmsnorm
 from oracles.rope import rmsnorm_rope, rope
 from oracles.softmax import softmax
 
-__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "decode_out_score_magnitude", "decode_tie_allowance", "dequantize_mxfp4", "embedding", "flash_attention", "flash_attention_magnitudes", "flash_attention_tie_allowance", "fp8_matmul", "fused_linear_cross_entropy", "fused_linear_cross_entropy_magnitudes", "gated_delta_rule", "layernorm", "matmul", "mla_decode", "moe", "moe_magnitudes", "moe_mxfp4", "moe_mxfp4_magnitudes", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]
+__all__ = ["adamw", "add_rmsnorm", "bias_gelu", "decode_attention", "decode_out_score_magnitude", "decode_tie_allowance", "dequantize_mxfp4", "embedding", "flash_attention", "flash_attention_backward", "flash_attention_backward_magnitudes", "flash_attention_magnitudes", "flash_attention_tie_allowance", "fp8_matmul", "fused_linear_cross_entropy", "fused_linear_cross_entropy_magnitudes", "gated_delta_rule", "layernorm", "matmul", "mla_decode", "moe", "moe_magnitudes", "moe_mxfp4", "moe_mxfp4_magnitudes", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_rope", "rope", "softmax", "swiglu"]

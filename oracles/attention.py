@@ -12,7 +12,12 @@ fully masked row does.
 Besides the outputs, two magnitudes that the budgets are relative to (docs/NUMERICS.md,
 "Magnitudes other than |o|"): `score_magnitude`, the size at which a row's scores round, and
 `out_score_magnitude`, how far that rounding can move each output.
+
+The backward (flash_attention_backward) forms P, dP and dS explicitly from the formulas, with
+magnitudes of its own for the budgets of dq, dk and dv (flash_attention_backward_magnitudes).
 """
+import functools
+
 import torch
 
 from oracles._torch import f64, one_thread
@@ -263,3 +268,138 @@ def decode_tie_allowance(q, k_cache, v_cache, seqlens, scale=None, block_table=N
 def decode_out_score_magnitude(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
     """decode_attention's out-shaped M (_head_out_score_magnitude)."""
     return _decode(q, k_cache, v_cache, seqlens, scale, block_table, _head_out_score_magnitude)
+
+
+# Backward ---------------------------------------------------------------------------------------
+#
+# The gradients of out for an upstream gradient dout, written out from the formulas (no autograd):
+# with P the weights of a head, dv = P^T dout, dP = dout v^T, delta_i = dout_i . out_i,
+# dS = P (dP - delta), dq = scale dS k, dk = scale dS^T q; a KV head's dk and dv sum those of its
+# query heads. out is recomputed here in float64 (never the rounded one a kernel is given).
+
+def _head_backward(q, k, v, do, visible, scale):
+    """One query head of one sequence: (dq [Tq, D], dk [Tk, D], dv [Tk, Dv]), the last two this
+    head's share of its KV head's gradients. Rows that see nothing take no part (P = 0)."""
+    Tq, D = q.shape
+    Tk, Dv = v.shape
+    dq = torch.zeros(Tq, D, dtype=torch.float64, device=q.device)
+    dk = torch.zeros(Tk, D, dtype=torch.float64, device=q.device)
+    dv = torch.zeros(Tk, Dv, dtype=torch.float64, device=q.device)
+    if Tk == 0:
+        return dq, dk, dv
+    for r0, r1 in _row_chunks(Tq, Tk):
+        vis = visible[r0:r1]
+        s, _, _, p = _softmax(q[r0:r1], k, vis, scale)
+        p = torch.where(_sees_something(s, vis)[:, None], p, 0.0)
+        out = p @ v
+        dp = do[r0:r1] @ v.T
+        delta = (do[r0:r1] * out).sum(dim=-1, keepdim=True)
+        ds = p * (dp - delta)
+        dq[r0:r1] = scale * (ds @ k)
+        dk += scale * (ds.T @ q[r0:r1])
+        dv += p.T @ do[r0:r1]
+    return dq, dk, dv
+
+
+def _head_backward_magnitudes(q, k, v, do, visible, scale, tiny):
+    """One query head, in _head_backward's shapes: (m_q, M_q, m_k, M_k, m_v, M_v), what the budget
+    terms of dq, dk, dv are relative to (docs/NUMERICS.md, flash_attention_backward).
+
+    m, the size of the terms that every rounding in the input dtype acts on: a term dS_ij of dq
+    or dk is at most P_ij R_ij, R_ij = sum_e |dout_ie| (|v_je| + |out_ie| + tiny) (the terms of
+    dP_ij - delta_i, with out rounded to the dtype; tiny is the dtype's smallest normal, below
+    which a rounding is absolute), and rounding dS_ij to the dtype adds tiny per visible key:
+    m_q = scale sum_j (P_ij R_ij + tiny) |k_jd|, m_k = scale sum_i (P_ij R_ij + tiny) |q_id|,
+    m_v = sum_i (P_ij + tiny) |dout_id|. Each bounds its gradient.
+    M, the size of what the fp32 rounding of the weights does: a relative error e of P_ij (fp32
+    scores and lse: at most about D u (G_i + |lse_i|), G_i the forward's score magnitude) moves
+    dS_ij by e dS_ij and a term of dv by e P_ij dout_i: M_q = G'_i scale sum_j |dS_ij| |k_jd|,
+    M_k = scale sum_i G'_i |dS_ij| |q_id|, M_v = sum_i G'_i P_ij |dout_id|, G'_i = G_i + |lse_i|
+    (0 where the row sees nothing)."""
+    Tq, D = q.shape
+    Tk, Dv = v.shape
+
+    def zeros(*shape):
+        return torch.zeros(*shape, dtype=torch.float64, device=q.device)
+
+    m_q, M_q, m_k, M_k, m_v, M_v = zeros(Tq, D), zeros(Tq, D), zeros(Tk, D), zeros(Tk, D), zeros(Tk, Dv), zeros(Tk, Dv)
+    if Tk == 0:
+        return m_q, M_q, m_k, M_k, m_v, M_v
+    aq, ak, av = torch.abs(q), torch.abs(k), torch.abs(v)
+    for r0, r1 in _row_chunks(Tq, Tk):
+        vis = visible[r0:r1]
+        s, m, total, p = _softmax(q[r0:r1], k, vis, scale)
+        anything = _sees_something(s, vis)
+        p = torch.where(anything[:, None], p, 0.0)
+        terms = (vis & anything[:, None]).to(torch.float64)       # the visible keys of rows that see some
+        out = p @ v
+        ado = torch.abs(do[r0:r1])
+        ds = p * (do[r0:r1] @ v.T - (do[r0:r1] * out).sum(dim=-1, keepdim=True))
+        R = ado @ av.T + (ado * (torch.abs(out) + tiny)).sum(dim=-1, keepdim=True)
+        w = p * R + tiny * terms
+        lse = torch.where(anything, (m + torch.log(total))[:, 0], 0.0)
+        g = (_score_magnitude(q[r0:r1], k, vis, scale) + torch.abs(lse))[:, None]
+        m_q[r0:r1] = scale * (w @ ak)
+        M_q[r0:r1] = g * scale * (torch.abs(ds) @ ak)
+        m_k += scale * (w.T @ aq[r0:r1])
+        M_k += scale * ((g * torch.abs(ds)).T @ aq[r0:r1])
+        m_v += (p + tiny * terms).T @ ado
+        M_v += (g * p).T @ ado
+    return m_q, M_q, m_k, M_k, m_v, M_v
+
+
+def _sequence_backward(q, k, v, do, causal, scale, head, like, outs):
+    """One sequence (q, do [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv]) into `outs`, views of that
+    sequence's rows: a result of kind "q" (like[n]) is the query head's own, one of kind "k" or
+    "v" is added into its KV head's (the sum over the group)."""
+    Tq, Hq, _ = q.shape
+    Tk, Hkv, _ = v.shape
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"Hq ({Hq}) must be a multiple of Hkv ({Hkv})")
+    group = Hq // Hkv
+    visible = _visible(Tq, Tk, causal, q.device)
+    for h in range(Hq):
+        results = head(q[:, h], k[:, h // group], v[:, h // group], do[:, h], visible, scale)
+        for acc, kind, t in zip(outs, like, results):
+            if kind == "q":
+                acc[:, h] = t
+            else:
+                acc[:, h // group] += t
+
+
+def _attention_backward(q, k, v, do, causal, scale, cu_seqlens_q, cu_seqlens_k, head, like):
+    """flash_attention's layouts around a per-head backward function: its results shaped like q,
+    k or v as `like` says (varlen rows past the last offsets are zeros)."""
+    scale = _default_scale(q, scale)
+    qn, kn, vn, don = f64(q), f64(k), f64(v), f64(do)
+    src = {"q": qn, "k": kn, "v": vn}
+    outs = [torch.zeros_like(src[kind]) for kind in like]
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        for b in range(qn.shape[0]):
+            _sequence_backward(qn[b], kn[b], vn[b], don[b], causal, scale, head, like, [t[b] for t in outs])
+        return outs
+    cq, ck = _cu_seqlens(cu_seqlens_q, cu_seqlens_k, qn.shape[0], kn.shape[0])
+    for b in range(len(cq) - 1):
+        rows = {"q": slice(cq[b], cq[b + 1]), "k": slice(ck[b], ck[b + 1]), "v": slice(ck[b], ck[b + 1])}
+        _sequence_backward(qn[rows["q"]], kn[rows["k"]], vn[rows["v"]], don[rows["q"]], causal, scale, head, like,
+                           [t[rows[kind]] for t, kind in zip(outs, like)])
+    return outs
+
+
+@one_thread
+def flash_attention_backward(q, k, v, do, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """The gradients (dq, dk, dv) of flash_attention's out for the upstream gradient do (like q),
+    in flash_attention's layouts: dq like q, dk and dv like k and v (varlen padding rows 0)."""
+    return tuple(_attention_backward(q, k, v, do, causal, scale, cu_seqlens_q, cu_seqlens_k, _head_backward,
+                                     ("q", "k", "v")))
+
+
+@one_thread
+def flash_attention_backward_magnitudes(q, k, v, do, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                                        tiny=0.0):
+    """((m_q, M_q), (m_k, M_k), (m_v, M_v)) of _head_backward_magnitudes for dq, dk, dv (tiny: the
+    smallest normal of the dtype the kernel rounds to)."""
+    head = functools.partial(_head_backward_magnitudes, tiny=tiny)
+    m_q, M_q, m_k, M_k, m_v, M_v = _attention_backward(q, k, v, do, causal, scale, cu_seqlens_q, cu_seqlens_k,
+                                                       head, ("q", "q", "k", "k", "v", "v"))
+    return (m_q, M_q), (m_k, M_k), (m_v, M_v)

@@ -2,7 +2,8 @@
 [B, H, T, D] views in the input dtype, KV heads repeated for GQA, torch's causal_lower_right
 bias for bottom-right causality (SDPA's is_causal is top-left aligned), and rows that see
 nothing set to zero (SDPA gives NaN there). The log-sum-exp is torch.logsumexp of the scaled,
-masked scores in fp32. Varlen batches and decode rows are looped over one at a time."""
+masked scores in fp32. Varlen batches and decode rows are looped over one at a time. The
+backward is torch.autograd through flash_attention, as a user training with it gets it."""
 import contextlib
 import math
 import warnings
@@ -75,6 +76,19 @@ def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seq
         out[q0:q1], lse[:, q0:q1] = o[0], l[0]
     return out, lse
 
+
+
+def flash_attention_backward(q, k, v, do, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """What a PyTorch user gets for the gradients (dq, dk, dv) of out: torch.autograd through
+    flash_attention above (SDPA's backward in the input dtype) for the upstream gradient do.
+    Inputs that out does not depend on (varlen padding, empty batches) get zeros."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        out, _ = flash_attention(*leaves, causal, scale, cu_seqlens_q, cu_seqlens_k)
+    if not out.requires_grad:
+        return tuple(torch.zeros_like(t) for t in leaves)
+    grads = torch.autograd.grad(out, leaves, do, allow_unused=True)
+    return tuple(torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads))
 
 def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
     """q [B, Hq, D]; caches [B, Tmax, Hkv, D], or with block_table [B, max_blocks] paged caches

@@ -198,3 +198,159 @@ def test_a_near_tie_of_huge_scores_may_take_either_value_and_nothing_else():
     q, k, v = (torch.randn(n, D, generator=g, dtype=torch.float64) for n in (4, 5, 5))
     modest, _ = _head_tie_allowance(q, k, v, _visible(4, 5, False, "cpu"), 1 / math.sqrt(D))
     assert modest.abs().max() < 1e-9
+
+
+# flash_attention_backward and FlashAttentionFunction ---------------------------------------------
+
+def _qkvdo(B, Tq, Tk, Hq, Hkv, D, dtype, dev, seed=20):
+    shapes = ((B, Tq, Hq, D), (B, Tk, Hkv, D), (B, Tk, Hkv, D))
+    q, k, v = (_rand(s, dtype, dev, seed + i) for i, s in enumerate(shapes))
+    return q, k, v, _rand((B, Tq, Hq, D), dtype, dev, seed + 3)
+
+
+def _grads_of_the_op(q, k, v, do, causal, **kw):
+    """The backward launcher on the forward kernel's own out and lse."""
+    out, lse = kernels.flash_attention(q, k, v, causal, return_lse=True, **kw)
+    return kernels.flash_attention_backward(q, k, v, out, lse, do, causal, **kw)
+
+
+@pytest.mark.parametrize("op,dtype", _params("flash_attention_backward"))
+@pytest.mark.parametrize("causal", [False, True])
+def test_function_gradients_are_the_backward_launchers_bits(op, dtype, causal, backend):
+    """FlashAttentionFunction's gradients equal flash_attention_backward's outputs bit for bit
+    (on the forward kernel's out and lse), for non-contiguous inputs and an upstream gradient of
+    stride 0 (the one out.sum() sends back) as well."""
+    dev = backend.device
+    q, k, v, do = _qkvdo(2, 9, 13, 4, 2, 16, dtype, dev)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = kernels.FlashAttentionFunction.apply(*leaves, causal)
+    assert torch.equal(out, kernels.flash_attention(q, k, v, causal))
+    out.backward(do)
+    want = _grads_of_the_op(q, k, v, do, causal)
+    for name, leaf, w in zip(("dq", "dk", "dv"), leaves, want):
+        assert torch.equal(leaf.grad, w), name
+    # [B, H, T, D] storage viewed as [B, T, H, D], and dout = ones expanded (strides 0)
+    qh, kh, vh = (t.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    kernels.FlashAttentionFunction.apply(qh, kh, vh, causal, 0.3).sum().backward()
+    want = _grads_of_the_op(q, k, v, torch.ones_like(do), causal, scale=0.3)
+    for name, leaf, w in zip(("dq", "dk", "dv"), (qh, kh, vh), want):
+        assert torch.equal(leaf.grad, w), f"{name} (strided inputs, dout of stride 0)"
+
+
+@pytest.mark.parametrize("op,dtype", _params("flash_attention_backward"))
+def test_function_trains(op, dtype, backend):
+    """loss.backward() through FlashAttentionFunction gives gradients of the leaves' shapes, GQA
+    and varlen included, and gradient steps on q, k, v lower the loss."""
+    dev = backend.device
+    lens = [5, 0, 11]
+    cu = torch.tensor([0, 5, 5, 16], dtype=torch.int32, device=dev)
+    q = _rand((16, 4, 16), "float32", dev, 30).requires_grad_()
+    k = _rand((16, 2, 16), "float32", dev, 31).requires_grad_()
+    v = _rand((16, 2, 16), "float32", dev, 32).requires_grad_()
+    target = _rand((16, 4, 16), "float32", dev, 33)
+    cast = TORCH_DTYPES[dtype]
+
+    def loss():
+        out = kernels.FlashAttentionFunction.apply(q.to(cast), k.to(cast), v.to(cast), True, None, cu, cu)
+        return ((out.float() - target) ** 2).sum()
+
+    losses = []
+    for _ in range(3):
+        q.grad = k.grad = v.grad = None
+        value = loss()
+        value.backward()
+        losses.append(float(value.detach()))
+        for t in (q, k, v):
+            assert t.grad is not None and t.grad.shape == t.shape and bool(t.grad.isfinite().all())
+        with torch.no_grad():
+            for t in (q, k, v):
+                t -= 0.02 * t.grad
+    assert losses[2] < losses[1] < losses[0], losses
+    assert sum(lens) == 16
+
+
+@pytest.mark.parametrize("op,dtype", _params("flash_attention_backward"))
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_varlen_batch_equals_sequences_one_by_one(op, dtype, causal, backend):
+    """Packed: the bits of each sequence run alone (same tiles); a sequence of no queries gets
+    zero dk, dv, one of no keys zero dq, and padding rows past the last offsets zeros."""
+    lens_q, lens_k = [3, 0, 7, 1, 5], [5, 2, 9, 0, 3]
+    dev = backend.device
+    q = _rand((sum(lens_q) + 2, 4, 16), dtype, dev, 40)
+    k = _rand((sum(lens_k) + 3, 2, 16), dtype, dev, 41)
+    v = _rand((sum(lens_k) + 3, 2, 16), dtype, dev, 42)
+    do = _rand(tuple(q.shape), dtype, dev, 43)
+    cq = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    ck = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    tiles = dict(block_m=16, block_n=16)
+    out, lse = kernels.flash_attention(q, k, v, causal, return_lse=True, cu_seqlens_q=cq, cu_seqlens_k=ck, **tiles)
+    dq, dk, dv = kernels.flash_attention_backward(q, k, v, out, lse, do, causal, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                  **tiles)
+    for b in range(len(lens_q)):
+        qs, ks = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+        one = [t[None] for t in (q[qs], k[ks], v[ks], do[qs])]
+        o1, l1 = kernels.flash_attention(*one[:3], causal, return_lse=True, **tiles)
+        g1 = kernels.flash_attention_backward(*one[:3], o1, l1, one[3], causal, **tiles)
+        for name, got, want in zip(("dq", "dk", "dv"), (dq[qs], dk[ks], dv[ks]), g1):
+            assert torch.equal(got, want[0]), f"sequence {b}: packed {name} differs from the sequence alone"
+    assert not dq[sum(lens_q):].any() and not dk[sum(lens_k):].any() and not dv[sum(lens_k):].any()
+    assert not dk[int(ck[1]):int(ck[2])].any() and not dv[int(ck[1]):int(ck[2])].any()   # no queries
+
+
+@pytest.mark.parametrize("op,dtype", _params("flash_attention_backward"))
+def test_backward_two_runs_give_identical_bits_and_empty_sides_give_zeros(op, dtype, backend):
+    """No atomics: the same bits every run, and a strided lse gives them too. Tq = 0: dk, dv are
+    zeros; Tk = 0: dq is; a varlen batch of empty sequences: every row is padding, zeros."""
+    dev = backend.device
+    q, k, v, do = _qkvdo(2, 33, 47, 8, 2, 16, dtype, dev)
+    first, second = _grads_of_the_op(q, k, v, do, True), _grads_of_the_op(q, k, v, do, True)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    out, lse = kernels.flash_attention(q, k, v, True, return_lse=True)
+    lse_t = lse.transpose(1, 2).contiguous().transpose(1, 2)            # lse stored [B, Tq, Hq]
+    strided = kernels.flash_attention_backward(q, k, v, out, lse_t, do, True)
+    assert all(torch.equal(a, b) for a, b in zip(first, strided)), "a strided lse reads as its contiguous copy"
+    lse = torch.empty(2, 8, 0, device=dev)
+    dq, dk, dv = kernels.flash_attention_backward(q[:, :0], k, v, q[:, :0], lse, q[:, :0], True)
+    assert dq.shape == (2, 0, 8, 16) and not dk.any() and not dv.any()
+    lse = torch.full((2, 8, 33), -float("inf"), device=dev)
+    dq, dk, dv = kernels.flash_attention_backward(q, k[:, :0], v[:, :0], torch.zeros_like(q), lse, do, True)
+    assert not dq.any() and dk.shape == (2, 0, 2, 16)
+    cu = torch.zeros(3, dtype=torch.int32, device=dev)
+    grads = kernels.flash_attention_backward(q[0], k[0], v[0], q[0], torch.zeros(8, 33, device=dev), do[0], True,
+                                             cu_seqlens_q=cu, cu_seqlens_k=cu)
+    assert not any(g.any() for g in grads)
+
+
+@pytest.mark.op("flash_attention_backward")
+def test_backward_magnitudes_bound_the_gradients():
+    """What the backward's rtol is relative to (oracles.attention._head_backward_magnitudes) bounds
+    each gradient: |dq| <= m_q, |dk| <= m_k, |dv| <= m_v; and the bound's M is zero where the
+    scores do not matter (a row that sees nothing)."""
+    import oracles
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((2, 7, 4, 8), (2, 5, 2, 8),
+                                                                              (2, 5, 2, 8), (2, 7, 4, 8)))
+    for causal in (False, True):
+        grads = oracles.flash_attention_backward(q, k, v, do, causal, 0.5)
+        mags = oracles.flash_attention_backward_magnitudes(q, k, v, do, causal, 0.5)
+        for name, grad, (m, M) in zip(("dq", "dk", "dv"), grads, mags):
+            assert bool((grad.abs() <= m * (1 + 1e-12)).all()), name
+            assert bool((M >= 0).all()), name
+        if causal:      # Tq 7 > Tk 5: the top two rows see nothing
+            assert not mags[0][0][:, :2].any() and not mags[0][1][:, :2].any()
+
+
+@pytest.mark.parametrize("op,dtype", _params("flash_attention_backward"))
+def test_backward_nan_is_not_lost(op, dtype, backend):
+    """Non-finite inputs are outside the backward's contract (docs/NUMERICS.md: a NaN spreads over
+    whole tiles through 0 x NaN in the tile products), but never vanish: a NaN in query row i makes
+    that row's dq NaN, and the dk, dv of every key it sees."""
+    dev = backend.device
+    q, k, v, do = _qkvdo(1, 9, 12, 2, 1, 16, dtype, dev)
+    q[0, 4, 1, 3] = float("nan")
+    out, lse = kernels.flash_attention(q, k, v, True, return_lse=True)
+    dq, dk, dv = kernels.flash_attention_backward(q, k, v, out, lse, do, True)
+    seen = 4 + (12 - 9) + 1                   # bottom-right causal: row 4 sees keys 0..7
+    assert bool(dq[0, 4, 1].isnan().all())
+    assert bool(dk[0, :seen].isnan().all()) and bool(dv[0, :seen].isnan().all())

@@ -68,6 +68,20 @@ def GDN1(d, B=2, Hk=1, Hv=2, Dk=8, Dv=4, **kw):
     return kernels.gated_delta_rule_decode(**args)
 
 
+def FAB(d, varlen=False, **kw):
+    """flash_attention_backward on small valid inputs (B 1, Tq 3, Tk 4, Hq 2, Hkv 1, D 16; varlen:
+    two sequences packed), any argument replaced by kw."""
+    if varlen:
+        args = dict(q=T(5, 2, 16, device=d), k=T(6, 1, 16, device=d), v=T(6, 1, 16, device=d), o=T(5, 2, 16, device=d),
+                    lse=T(2, 5, device=d), do=T(5, 2, 16, device=d), cu_seqlens_q=torch.tensor([0, 2, 5], device=d),
+                    cu_seqlens_k=torch.tensor([0, 4, 6], device=d))
+    else:
+        args = dict(q=T(1, 3, 2, 16, device=d), k=T(1, 4, 1, 16, device=d), v=T(1, 4, 1, 16, device=d),
+                    o=T(1, 3, 2, 16, device=d), lse=T(1, 2, 3, device=d), do=T(1, 3, 2, 16, device=d))
+    args.update(kw)
+    return kernels.flash_attention_backward(**args)
+
+
 # (op, description, call(device), exception, the argument the message must start with)
 def ROUTE(d, T_=4, E=8, dtype=torch.float32, **kw):
     """moe_route on small valid inputs (T 4, E 8, top_k 2), any argument replaced by kw."""
@@ -180,6 +194,27 @@ BAD = [
     ("flash_attention", "cu_seqlens float", lambda d: kernels.flash_attention(T(4, 1, 16, device=d), T(4, 1, 16, device=d), T(4, 1, 16, device=d), cu_seqlens_q=torch.tensor([0.0, 4.0], device=d), cu_seqlens_k=torch.tensor([0, 4], device=d)), TypeError, "cu_seqlens_q"),
     ("flash_attention", "cu_seqlens batches differ", lambda d: kernels.flash_attention(T(4, 1, 16, device=d), T(4, 1, 16, device=d), T(4, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 4], device=d), cu_seqlens_k=torch.tensor([0, 2, 4], device=d)), ValueError, "cu_seqlens_k"),
     ("flash_attention", "lse_out shape", lambda d: kernels.flash_attention(T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, device=d), T(1, 2, 1, 16, device=d), return_lse=True, lse_out=torch.empty(1, 2, 1, device=d)), ValueError, "lse_out"),
+    # flash_attention_backward (the forward's checks are shared: a few of them here)
+    ("flash_attention_backward", "o not a tensor", lambda d: FAB(d, o=[[1.0]]), TypeError, "o"),
+    ("flash_attention_backward", "o shape", lambda d: FAB(d, o=T(1, 3, 2, 8, device=d)), ValueError, "o"),
+    ("flash_attention_backward", "o dtype", lambda d: FAB(d, o=T(1, 3, 2, 16, dtype=torch.float16, device=d)), TypeError, "o"),
+    ("flash_attention_backward", "do shape", lambda d: FAB(d, do=T(1, 4, 2, 16, device=d)), ValueError, "do"),
+    ("flash_attention_backward", "do dtype", lambda d: FAB(d, do=T(1, 3, 2, 16, dtype=torch.bfloat16, device=d)), TypeError, "do"),
+    ("flash_attention_backward", "do rank", lambda d: FAB(d, do=T(3, 2, 16, device=d)), ValueError, "do"),
+    ("flash_attention_backward", "do device", lambda d: FAB(d, do=torch.empty(1, 3, 2, 16, device="meta")), ValueError, "do"),
+    ("flash_attention_backward", "lse fp16", lambda d: FAB(d, lse=T(1, 2, 3, dtype=torch.float16, device=d)), TypeError, "lse"),
+    ("flash_attention_backward", "lse [B, Tq, Hq]", lambda d: FAB(d, lse=T(1, 3, 2, device=d)), ValueError, "lse"),
+    ("flash_attention_backward", "lse of a varlen batch 3-d", lambda d: FAB(d, varlen=True, lse=T(1, 2, 5, device=d)), ValueError, "lse"),
+    ("flash_attention_backward", "heads do not divide", lambda d: FAB(d, q=T(1, 3, 3, 16, device=d), o=T(1, 3, 3, 16, device=d), do=T(1, 3, 3, 16, device=d), k=T(1, 4, 2, 16, device=d), v=T(1, 4, 2, 16, device=d)), ValueError, "k"),
+    ("flash_attention_backward", "causal not a bool", lambda d: FAB(d, causal="yes"), TypeError, "causal"),
+    ("flash_attention_backward", "scale zero", lambda d: FAB(d, scale=0.0), ValueError, "scale"),
+    ("flash_attention_backward", "one cu_seqlens", lambda d: FAB(d, varlen=True, cu_seqlens_k=None), ValueError, "cu_seqlens_k"),
+    ("flash_attention_backward", "cu_seqlens past k", lambda d: FAB(d, varlen=True, cu_seqlens_k=torch.tensor([0, 4, 7], device=d)), ValueError, "cu_seqlens_k"),
+    ("flash_attention_backward", "out not a tuple", lambda d: FAB(d, out=T(1, 3, 2, 16, device=d)), TypeError, "out"),
+    ("flash_attention_backward", "out of two", lambda d: FAB(d, out=(T(1, 3, 2, 16, device=d), T(1, 4, 1, 16, device=d))), TypeError, "out"),
+    ("flash_attention_backward", "out dk shape", lambda d: FAB(d, out=(T(1, 3, 2, 16, device=d), T(1, 3, 1, 16, device=d), T(1, 4, 1, 16, device=d))), ValueError, "out[1] (dk)"),
+    ("flash_attention_backward", "out dv dtype", lambda d: FAB(d, out=(T(1, 3, 2, 16, device=d), T(1, 4, 1, 16, device=d), T(1, 4, 1, 16, dtype=torch.float16, device=d))), TypeError, "out[2] (dv)"),
+    ("flash_attention_backward", "block_m not a power of two", lambda d: FAB(d, block_m=24), ValueError, "block_m"),
     # bias_gelu
     ("bias_gelu", "int input", lambda d: kernels.bias_gelu(torch.ones(2, 4, dtype=torch.int32, device=d)), TypeError, "y"),
     ("bias_gelu", "0-d input", lambda d: kernels.bias_gelu(torch.tensor(1.0, device=d)), ValueError, "y"),
@@ -633,6 +668,8 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("embedding", lambda d: kernels.embedding(torch.zeros(0, dtype=torch.int64, device=d), T(0, 8, device=d))),
     ("flash_attention", lambda d: kernels.flash_attention(T(0, 4, 2, 16, device=d), T(0, 4, 1, 16, device=d), T(0, 4, 1, 16, device=d))),
     ("flash_attention", lambda d: kernels.flash_attention(T(0, 2, 16, device=d), T(0, 1, 16, device=d), T(0, 1, 16, device=d), cu_seqlens_q=torch.tensor([0, 0], device=d), cu_seqlens_k=torch.tensor([0, 0], device=d))),
+    ("flash_attention_backward", lambda d: FAB(d, q=T(0, 3, 2, 16, device=d), k=T(0, 4, 1, 16, device=d), v=T(0, 4, 1, 16, device=d), o=T(0, 3, 2, 16, device=d), do=T(0, 3, 2, 16, device=d), lse=T(0, 2, 3, device=d))[1]),
+    ("flash_attention_backward", lambda d: FAB(d, varlen=True, q=T(0, 2, 16, device=d), o=T(0, 2, 16, device=d), do=T(0, 2, 16, device=d), lse=T(2, 0, device=d), k=T(0, 1, 16, device=d), v=T(0, 1, 16, device=d), cu_seqlens_q=torch.tensor([0], device=d), cu_seqlens_k=torch.tensor([0], device=d))[0]),
     ("decode_attention", lambda d: kernels.decode_attention(T(0, 4, 16, device=d), T(0, 8, 2, 16, device=d), T(0, 8, 2, 16, device=d), torch.zeros(0, dtype=torch.int32, device=d))),
     ("gated_delta_rule", lambda d: GDN(d, T_=0)[0]),
     ("gated_delta_rule", lambda d: GDN(d, B=0, output_final_state=True)[1]),

@@ -21,8 +21,9 @@ import pytest
 from harness import audit, baseline as bl, budgets as budget_file, cpu_spread, gaps
 from harness.plugin import ROOT
 
-OPS = ("flash_attention", "decode_attention", "mla_decode", "gated_delta_rule", "matmul", "swiglu", "fp8_matmul",
-       "fp8_matmul_fast_accum", "decoder", "fused_linear_cross_entropy")
+OPS = ("flash_attention", "flash_attention_backward", "decode_attention", "mla_decode", "gated_delta_rule", "matmul",
+       "swiglu", "fp8_matmul", "fp8_matmul_fast_accum", "decoder",
+       "fused_linear_cross_entropy")
 CORES = ("Haswell", "Prescott")          # AVX2 FMA kernels and SSE3 ones: different summation orders
 
 

@@ -317,7 +317,8 @@ def test_fp8_matmul_writes_rows_past_2_31_elements(op, dtype, config, backend, b
 # 2^30 + 64 elements apart), the row offsets of q and out inside one long sequence (T * Hq * D past 2^31),
 # and varlen sequence starts cu[b] * token stride past 2^31 (many short sequences). decode:
 # b * batch stride of the caches, positions past 2^31 elements in one long sequence, pages of a
-# paged cache past 2^31 elements, and the split partials of a batch past 2^31. Only the last rows
+# paged cache past 2^31 elements, and the split partials of a batch past 2^31. flash_attention_backward:
+# the batch offsets of all five inputs and three gradients. Only the last rows
 # (or the last sequence) are judged, against the float64 oracle on the GPU. Killed the attention
 # mutation run's int64 survivors (runs/gpu-h200-attention-*, gpu-h200-decode-*).
 def _attn_inputs(q, k, v, causal=True, cu_q=None, cu_k=None):
@@ -367,6 +368,29 @@ def test_flash_attention_reads_and_writes_past_2_31_elements(op, dtype, config, 
         tail = _attn_inputs(q[last][None], k[last][None], v[last][None])
         _judge_tail(op, (out[last][None], lse[:, last][None]), tail, budget, f"sequence {n - 1}")
         del q, k, v, out
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("flash_attention_backward", "float16", "huge",
+                                                          marks=pytest.mark.op("flash_attention_backward"))])
+def test_flash_attention_backward_reads_and_writes_past_2_31_elements(op, dtype, config, backend, budgets):
+    """q, k, v, o, do and so the gradients with batches 2^30 + 64 elements apart: only int64 batch
+    offsets reach batch 2, whose gradients are judged (o and lse there: the float64 oracle's, as
+    the op's checks give them; the other batches' are whatever the storage held)."""
+    assert backend.name == "gpu", "hours in the interpreter (declared gap interp-huge-rows)"
+    import oracles
+
+    dev, g = backend.device, torch.Generator().manual_seed(10)
+    q, k, v, o, do = (_spread_batches((3, 64, 4, 64), dev, g, apart=2**30 + 64) for _ in range(5))
+    tail = {**_attn_inputs(q[2:].contiguous(), k[2:].contiguous(), v[2:].contiguous()), "do": do[2:].contiguous()}
+    o_tail, lse_tail = oracles.flash_attention(tail["q"], tail["k"], tail["v"], True)
+    o[2:] = o_tail.half()
+    lse = torch.zeros(3, 4, 64, device=dev)
+    lse[2:] = lse_tail.float()
+    dq, dk, dv = kernels.flash_attention_backward(q, k, v, o, lse, do, causal=True)
+    _judge_tail(op, (dq[2:], dk[2:], dv[2:]), tail, budgets.get(op, dtype, backend.name),
+                "batch 2, 2^31 + 128 elements in")
+    del q, k, v, o, do, dq, dk, dv
     torch.cuda.empty_cache()
 
 

@@ -241,6 +241,57 @@ SPECIFIC["flash_attention"] = {
     "scale_missing": ({}, lambda i, e: _attn(i["q"], i["k"], i["v"], 1.0)),
     "last_kv_block_dropped": ({}, lambda i, e: _attn(i["q"], i["k"], i["v"], i["scale"], keys=16)),
 }
+def _attn_grads(i, *, dq_shift=None, first_head_only=False, dk_scaled=True, dq_scale=1.0, delta_without_out=False):
+    """flash_attention_backward of fixed-length [B, T, H, D] inputs in float64 with pluggable bugs:
+    dq from weights exp(s - lse) recomputed under a causal mask shifted by dq_shift (the forward's
+    lse and delta kept, as in a kernel whose dq loop is off by one), dk and dv of only the first
+    query head of each KV head's group, dk without the softmax scale, dq times dq_scale, delta
+    = rowsum(dout) instead of rowsum(dout * out)."""
+    q, k, v, do = (f64(i[n]) for n in ("q", "k", "v", "do"))
+    B, Tq, Hq, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    scale = D ** -0.5 if i["scale"] is None else i["scale"]
+
+    def mask(shift):
+        return _bottom_right(shift)(Tq, Tk) if i["causal"] else np.ones((Tq, Tk), bool)
+
+    vis = mask(0)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b in range(B):
+        for h in range(Hq):
+            kh = h // group
+            s = q[b, :, h] @ k[b, :, kh].T * scale
+            with np.errstate(all="ignore"):
+                m = np.where(vis, s, -np.inf).max(-1, keepdims=True, initial=-np.inf)
+                e = np.where(vis, np.exp(s - m), 0.0)
+                lse = m + np.log(e.sum(-1, keepdims=True))
+                p = np.where(vis.any(-1, keepdims=True), e / e.sum(-1, keepdims=True), 0.0)
+            out = p @ v[b, :, kh]
+            dp = do[b, :, h] @ v[b, :, kh].T
+            delta = (do[b, :, h] if delta_without_out else do[b, :, h] * out).sum(-1, keepdims=True)
+            ds = p * (dp - delta)
+            ds_q = ds
+            if dq_shift is not None:
+                with np.errstate(all="ignore"):
+                    p_q = np.where(mask(dq_shift) & np.isfinite(lse), np.exp(s - lse), 0.0)
+                ds_q = p_q * (dp - delta)
+            dq[b, :, h] = dq_scale * scale * ds_q @ k[b, :, kh]
+            if first_head_only and h % group:
+                continue
+            dk[b, :, kh] += (scale if dk_scaled else 1.0) * ds.T @ q[b, :, h]
+            dv[b, :, kh] += p.T @ do[b, :, h]
+    return tensor(dq), tensor(dk), tensor(dv)
+
+
+SPECIFIC["flash_attention_backward"] = {
+    "dq_causal_diagonal_plus_one": (dict(causal=True), lambda i, e: _attn_grads(i, dq_shift=+1)),
+    "dq_causal_diagonal_minus_one": (dict(causal=True), lambda i, e: _attn_grads(i, dq_shift=-1)),
+    "dk_dv_of_the_first_head_of_each_group": ({}, lambda i, e: _attn_grads(i, first_head_only=True)),
+    "dk_scale_missing": ({}, lambda i, e: _attn_grads(i, dk_scaled=False)),
+    "dq_scale_doubled": ({}, lambda i, e: _attn_grads(i, dq_scale=2.0)),
+    "delta_without_out": ({}, lambda i, e: _attn_grads(i, delta_without_out=True)),
+}
 SPECIFIC["bias_gelu"] = {
     "tanh_for_erf": (dict(approximate="none", shape=(8, 128)), lambda i, e: (
         tensor(_gelu(f64(i["y"]) + _bias(i), "tanh")),)),
@@ -829,7 +880,8 @@ SPECIFIC["fused_linear_cross_entropy"] = {
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rope": (2, 3, 4, 64),
         "rmsnorm_rope": (2, 3, 4, 64), "softmax": (2, 7, 12),
-        "flash_attention": (2, 12, 20, 4, 2, 16), "decode_attention": (3, 24, 4, 2, 16), "mla_decode": (3, 24, 2, 4, 16, 4),
+        "flash_attention": (2, 12, 20, 4, 2, 16), "flash_attention_backward": (2, 12, 20, 4, 2, 16),
+        "decode_attention": (3, 24, 4, 2, 16), "mla_decode": (3, 24, 2, 4, 16, 4),
         "adamw": (4, 64),
         "bias_gelu": (5, 64), "embedding": (3, 7, 16), "matmul": (24, 40, 20), "swiglu": (24, 40, 20),
         "quantize_fp8": (6, 40), "fp8_matmul": (24, 24, 40),     # fp8_matmul: M = N, for the row/column mutant
