@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._device import gemm_tile, kahan_add
+from kernels._device import gemm_tile, kahan_add, rounded_for
 from kernels._launch import (allocate, check_finite, check_out, check_same_device, check_same_dtype, check_tensor,
                              check_validate, error_word, interpreting, new_out, report_errors)
 from kernels.gemm import _config as gemm_tiles, _precision
@@ -71,7 +71,9 @@ def _labels_kernel(labels_ptr, stride, N, V, ignore_index, count_ptr, scale_ptr,
     n_total = tl.sum(n, axis=0)
     tl.store(count_ptr, n_total)
     if MEAN:
-        tl.store(scale_ptr, grad_unscale / tl.maximum(n_total, 1).to(tl.float32))
+        # div_rn: correctly rounded (the GPU's default fp32 division is within 2 ulp)
+        tl.store(scale_ptr, tl.math.div_rn(grad_unscale + tl.zeros([], tl.float32),
+                                           tl.maximum(n_total, 1).to(tl.float32)))
     else:
         tl.store(scale_ptr, grad_unscale + tl.zeros([], tl.float32))
     if COUNT_BAD:
@@ -90,9 +92,12 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, acc_ptr, scale_ptr, M, N, K, k_per_split,
     tl.program_id(1) ([k0, k0 + k_per_split)); split s writes the [M, N] slice at c_ptr + s * scs.
     a and b of any strides, c (and acc) rows of stride scm with unit column stride. fp32
     accumulation; the scale (a device scalar) and the accumulator are applied in fp32.
-    TILE_SUMS (fp32 inputs): each K tile's dot is summed apart and then added, a chain of
-    K / BLOCK_K tile sums instead of the GPU's one FMA chain of K products per output, whose
-    rounding grows as sqrt(K) u (dh sums over V: 390 u at V 151936 against about 70)."""
+    TILE_SUMS (fp32 inputs): each K tile's dot is computed apart and the tile dots are summed
+    with compensation, so the error of a long sum (dh sums over V) is that of one BLOCK_K tile
+    plus a few u, whatever K. Not `acc += tl.dot(a, b)`: Triton's combine pass rewrites that
+    into tl.dot(a, b, acc) on the GPU (one FMA chain of K products per output, sqrt(K) u: 390 u
+    at V 151936), while the interpreter kept the tile sums; the compensation's subtraction is a
+    use of the dot that the rewrite does not match."""
     offs_m, offs_n, offs_k, rm, rn, a_ptrs, b_ptrs = gemm_tile(a_ptr, b_ptr, M, N, sam, sak, sbn, sbk,
                                                                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     split = tl.program_id(1)
@@ -101,6 +106,7 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, acc_ptr, scale_ptr, M, N, K, k_per_split,
     a_ptrs += k0.to(tl.int64) * sak
     b_ptrs += k0.to(tl.int64) * sbk
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)      # TILE_SUMS: the compensation
     for k in range(0, tl.cdiv(k_len, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -110,7 +116,7 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, acc_ptr, scale_ptr, M, N, K, k_per_split,
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)     # zeros past K add nothing
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
         if TILE_SUMS:
-            acc += tl.dot(a, b, input_precision=PRECISION)
+            acc, comp = kahan_add(acc, comp, tl.dot(a, b, input_precision=PRECISION))
         else:
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * sak
@@ -121,7 +127,7 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, acc_ptr, scale_ptr, M, N, K, k_per_split,
     at = offs_m.to(tl.int64)[:, None] * scm + offs_n[None, :]
     if ACCUMULATE:
         acc += tl.load(acc_ptr + at, mask=mask, other=0.0)
-    tl.store(c_ptr + split.to(tl.int64) * scs + at, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + split.to(tl.int64) * scs + at, rounded_for(acc, c_ptr), mask=mask)
 
 
 @triton.jit
@@ -156,7 +162,7 @@ def _ce_rows_kernel(z_ptr, g_ptr, labels_ptr, loss_ptr, V, z_stride, g_stride, l
     if y == ignore_index:
         for start in range(0, V, BLOCK_V):
             cols = start + cols0
-            tl.store(g_row + cols, tl.zeros([BLOCK_V], tl.float32).to(g_ptr.dtype.element_ty), mask=cols < V)
+            tl.store(g_row + cols, rounded_for(tl.zeros([BLOCK_V], tl.float32), g_ptr), mask=cols < V)
         tl.store(loss_ptr + row, 0.0)
     else:
         # Pass 1: the running max and sum of exp (one scalar pair, updated per block).
@@ -190,7 +196,7 @@ def _ce_rows_kernel(z_ptr, g_ptr, labels_ptr, loss_ptr, V, z_stride, g_stride, l
             if SOFTCAP:
                 g = g * slope
             g = tl.where(bad, float("nan"), g * grad_scale)
-            tl.store(g_row + cols, g.to(g_ptr.dtype.element_ty), mask=ok)
+            tl.store(g_row + cols, rounded_for(g, g_ptr), mask=ok)
             z_y += tl.where(is_y & ok, z, 0.0)
             z_sum += tl.where(ok, z, 0.0)
         loss = lse - on_label * tl.sum(z_y, axis=0) - spread * tl.sum(z_sum, axis=0)
@@ -203,9 +209,11 @@ def _sum_splits_kernel(part_ptr, out_ptr, n, split_stride, splits, BLOCK: tl.con
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     acc = tl.zeros([BLOCK], tl.float32)
-    for s in range(0, splits):
-        acc += tl.load(part_ptr + s * split_stride + offs, mask=ok, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    ptrs = part_ptr + offs
+    for _ in range(0, splits):
+        acc += tl.load(ptrs, mask=ok, other=0.0)
+        ptrs += split_stride            # 64-bit pointers: splits x split_stride may pass 2^31
+    tl.store(out_ptr + offs, rounded_for(acc, out_ptr), mask=ok)
 
 
 @triton.jit
@@ -219,7 +227,7 @@ def _loss_sum_kernel(row_loss_ptr, count_ptr, out_ptr, N, MEAN: tl.constexpr, BL
         rows = start + offs
         total, comp = kahan_add(total, comp, tl.sum(tl.load(row_loss_ptr + rows, mask=rows < N, other=0.0), axis=0))
     if MEAN:
-        total = total / tl.maximum(tl.load(count_ptr), 1).to(tl.float32)
+        total = tl.math.div_rn(total, tl.maximum(tl.load(count_ptr), 1).to(tl.float32))
     tl.store(out_ptr, total)
 
 
@@ -231,7 +239,7 @@ def _scale_kernel(x_ptr, out_ptr, g_ptr, n, HAS_SCALE: tl.constexpr, BLOCK: tl.c
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     if HAS_SCALE:
         x = x * tl.load(g_ptr).to(tl.float32)
-    tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + offs, rounded_for(x, out_ptr), mask=ok)
 
 
 # ---------------------------------------------------------------------------------------------
