@@ -6,25 +6,28 @@ Launches, in order:
   1. _labels_kernel (one program): n, the rows that count; the gradient scale (1/n for "mean");
      labels outside [0, V) counted into the error word (kernels/_launch.py, `validate`).
   2. per chunk of C rows, per R of its rows at a time:
-       _gemm_kernel: logits[R, V] = h_rows W^T in fp32;
+       the logits GEMM: logits[R, V] = h_rows W^T in fp32;
        _ce_rows_kernel (a program per row): lse over V in blocks (running max and sum of exp),
        then the row's loss and its gradient logits (p - q) d 2^k, written in h's dtype into the
        chunk's buffer G[C, V];
-     then _gemm_kernel twice: dh_rows = (G W) s 2^-k (split along V over several programs
-     when the output tiles are too few, _sum_splits_kernel adding the partials in order), and
-     dW (+)= (G^T h_rows) s 2^-k, accumulated over the chunks in fp32;
+     then the GEMMs of the gradients: dh_rows = (G W) s 2^-k, and dW (+)= (G^T h_rows) s 2^-k,
+     accumulated over the chunks in fp32;
   3. _loss_sum_kernel (one program): the per-row losses summed (compensated), / max(n, 1).
 For 16-bit W over several chunks dW's fp32 accumulator is rounded into dW by _scale_kernel at
 the end, which also scales the gradients by the upstream one in the autograd Function.
 
+The GEMMs (_use_torch_gemms chooses): _gemm_kernel, the pointer kernel of kernels/gemm.py's shape
+(gemm_tile's grouped order, fp32 accumulation, true fp32 products for fp32 inputs, its tile
+table) with what this op needs in the epilogue (a scale read on the device, an fp32 accumulator
+added in, split-K partials for dh, _sum_splits_kernel adding them in order); or, for 16-bit
+inputs on a CUDA GPU over several chunks, torch.mm with an fp32 result (cuBLAS: torch.compile's
+cuBLAS GEMMs made the step at 591 TFLOP/s on the H200, this kernel 309; bench/NOTES.md), dh
+scaled and rounded by _scale_kernel after its GEMM and dW's unscaled fp32 sums scaled at the end.
+The torch path has not been run on a GPU yet; on the interpreter it runs with the CPU's torch.mm
+(the op's torch_mm config).
+
 Nothing reads a value back to the host (validate=True's 4-byte read of the error word aside),
 and there are no atomics in the sums: the same call gives the same bits.
-
-The GEMM is the pointer kernel of kernels/gemm.py's shape (gemm_tile's grouped order, fp32
-accumulation, true fp32 products for fp32 inputs, its tile table), with what this op needs in the
-epilogue: a scale read on the device, an fp32 accumulator added in, split-K partials. It has not
-been timed on a GPU yet (bench/bench_cross_entropy.py); kernels/gemm.py's TMA path would suit
-the logits GEMM of contiguous 16-bit operands.
 """
 from __future__ import annotations
 
@@ -301,6 +304,49 @@ def _dh_splits(device, M, N, K, elem_size, block, num_splits):
     return max(1, min(triton.cdiv(_sm_count(device), tiles), most, 16))
 
 
+GEMMS = ("triton", "torch")
+
+
+@functools.lru_cache(maxsize=None)
+def _fp32_out_mm(device) -> bool:
+    """Whether torch.mm can return fp32 from 16-bit operands here (torch >= 2.8 on a CUDA GPU of
+    compute capability 8 or more: cuBLAS with fp32 accumulation and an fp32 result)."""
+    return (device.type == "cuda" and hasattr(torch.ops.aten.mm, "dtype_out")
+            and torch.cuda.get_device_capability(device)[0] >= 8)
+
+
+def _use_torch_gemms(h, gemm, block, n_chunks) -> bool:
+    """The three GEMMs through torch (cuBLAS) or through _gemm_kernel. fp32 inputs always take
+    _gemm_kernel (true fp32 products, whatever torch's TF32 setting). gemm="torch" asks for
+    torch; a given block (Triton's tiles) or gemm="triton" for the Triton kernel. By default a
+    CUDA GPU takes cuBLAS for 16-bit inputs over several chunks, where dW has its fp32
+    accumulator anyway (bench/NOTES.md: torch.compile's cuBLAS GEMMs ran the step at 591 TFLOP/s,
+    this kernel at 309); one chunk keeps the Triton kernel, which writes dW in W's dtype with no
+    accumulator of twice its size."""
+    if h.dtype == torch.float32:
+        return False
+    if gemm is not None:
+        return gemm == "torch"
+    if block is not None or interpreting():
+        return False
+    return n_chunks > 1 and _fp32_out_mm(h.device)
+
+
+def _mm32(a, b, out, accumulate=False):
+    """out (+)= a @ b in fp32 for 16-bit a [M, K] and b [K, N]: the products exact, the sums
+    fp32 (cuBLAS's out_dtype on a GPU; on the CPU the operands widened to fp32 first, exact,
+    for the interpreter's tests). out: fp32 [M, N], contiguous."""
+    if _fp32_out_mm(out.device):
+        if accumulate:
+            torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+        else:
+            torch.mm(a, b, out_dtype=torch.float32, out=out)
+    elif accumulate:
+        out.addmm_(a.float(), b.float())
+    else:
+        torch.mm(a.float(), b.float(), out=out)
+
+
 def plan_chunks(N, V, H, elem_size, chunk_size=None, logits_rows=None):
     """(C, R): rows per chunk (their gradient logits held in h's dtype for the two gradient
     GEMMs) and rows whose fp32 logits are formed at a time. By default C is the largest power of
@@ -363,7 +409,7 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
                                validate: bool | str = True, loss_out: torch.Tensor | None = None,
                                dh_out: torch.Tensor | None = None, dw_out: torch.Tensor | None = None,
                                block_v: int | None = None, num_splits: int | None = None,
-                               block: int | None = None):
+                               block: int | None = None, gemm: str | None = None):
     """(loss, dh, dW) of the cross-entropy of softmax(h W^T) against labels.
 
     h [N, H] and W [V, H] (nn.Linear's layout) of one dtype (fp32, fp16, bf16), any strides;
@@ -377,9 +423,11 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
     logits are formed at a time (R); by default the chunk's buffers stay within the size of W
     (plan_chunks). validate: labels outside [0, V) (and not ignore_index) are counted in the
     kernel; True raises a ValueError naming labels before the GEMMs (one 4-byte read), "deferred"
-    raises it later without a sync, False not at all (their rows give NaN). block_v (the row
-    kernel's block over V), num_splits (programs sharing dh's sum over V) and block (all GEMM
-    tiles) force the kernels' configuration (tests)."""
+    raises it later without a sync, False not at all (their rows give NaN). gemm: "torch" (the
+    three GEMMs through torch.mm, cuBLAS on a GPU, for 16-bit inputs), "triton" (the Triton GEMM
+    kernel) or None (by dtype and shape, _use_torch_gemms). block_v (the row kernel's block over
+    V), num_splits (programs sharing dh's sum over V) and block (the Triton GEMM's tiles) force
+    the kernels' configuration (tests)."""
     check_tensor("h", h, ndim=2)
     check_tensor("W", W, ndim=2)
     N, H = h.shape
@@ -410,6 +458,8 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
     _check_block("block_v", block_v, 16)
     _check_block("block", block, 16)
     _check_rows("num_splits", num_splits)
+    if gemm is not None and gemm not in GEMMS:
+        raise ValueError(f"gemm: expected None, \"triton\" or \"torch\", got {gemm!r}")
     check_validate(validate)
     device = h.device
     loss = new_out(loss_out, (), torch.float32, device, "loss_out")
@@ -436,49 +486,69 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
     C, R = min(C, max(N, 1)), min(R, max(N, 1))
     fp32_w = W.dtype == torch.float32
     n_chunks = triton.cdiv(N, C)
+    use_torch = _use_torch_gemms(h, gemm, block, n_chunks)
     dw = dw_out
-    if dw is None and (fp32_w or n_chunks <= 1):
+    if dw is None and (fp32_w or (n_chunks <= 1 and not use_torch)):
         dw = allocate((V, H), W.dtype, device, name="dw_out")
     # dW's fp32 accumulator: dW itself for fp32, else a buffer of its own while there is more than
-    # one chunk; dW's buffer (when the launcher makes it) only after the chunk buffers are freed.
-    acc = dw if fp32_w else (allocate((V, H), torch.float32, device, name="dw_accumulator") if n_chunks > 1 else None)
+    # one chunk (or torch's GEMMs, whose scale comes at the end); dW's buffer (when the launcher
+    # makes it) only after the chunk buffers are freed.
+    acc = dw if fp32_w else (allocate((V, H), torch.float32, device, name="dw_accumulator")
+                             if n_chunks > 1 or use_torch else None)
     if N and n_chunks:
-        padded = triton.cdiv(V, 16) * 16        # 64-byte aligned fp32 rows
+        # The Triton path's rows 64-byte aligned; torch's buffers contiguous (cuBLAS's operands)
+        padded = V if use_torch else triton.cdiv(V, 16) * 16
         logits = allocate((R, padded), torch.float32, device, name="logits")[:, :V]
         grads = allocate((C, padded), h.dtype, device, name="grad_logits")[:, :V]
         bv = block_v or min(_MAX_BLOCK_V, triton.next_power_of_2(V))
         ce_warps = 4 if bv <= 1024 else (8 if bv <= 4096 else 16)
-        splits = _dh_splits(device, C, H, V, h.element_size(), block, num_splits)
-        parts = allocate((splits, C, H), torch.float32, device, name="dh_partials") if splits > 1 and H else None
+        if use_torch:
+            splits, parts = 1, None
+            dh32 = allocate((C, H), torch.float32, device, name="dh_fp32") if H else None
+        else:
+            splits = _dh_splits(device, C, H, V, h.element_size(), block, num_splits)
+            parts = allocate((splits, C, H), torch.float32, device, name="dh_partials") if splits > 1 and H else None
+            dh32 = None
         Wt = W.t()                              # [H, V]: dh = G (W^T)^T
         for c0 in range(0, N, C):
             rows = min(C, N - c0)
             h_rows = h[c0:c0 + rows]
             for r0 in range(0, rows, R):
                 rr = min(R, rows - r0)
-                _gemm(h_rows[r0:r0 + rr], W, logits[:rr], block=block)
+                if use_torch:
+                    _mm32(h_rows[r0:r0 + rr], Wt, logits[:rr])
+                else:
+                    _gemm(h_rows[r0:r0 + rr], W, logits[:rr], block=block)
                 _ce_rows_kernel[(rr,)](logits, grads[r0:], labels[c0 + r0:], row_loss[c0 + r0:], V,
                                        logits.stride(0), grads.stride(0), labels.stride(0), ignore_index,
                                        smoothing, cap or 1.0, grad_scale, SOFTCAP=cap is not None, BLOCK_V=bv,
                                        num_warps=ce_warps)
             g = grads[:rows]
-            if H:
-                if parts is None:
-                    _gemm(g, Wt, dh[c0:c0 + rows], scale=scale, block=block)
-                else:
-                    used = _gemm(g, Wt, parts[:, :rows], scale=scale, splits=splits, block=block)
-                    n = rows * H
-                    _sum_splits_kernel[(triton.cdiv(n, 1024),)](parts, dh[c0:c0 + rows], n, parts.stride(0), used,
-                                                               BLOCK=1024)
-                target = acc if acc is not None else dw
-                _gemm(g.t(), h_rows.t(), target, scale=scale, acc=target if c0 > 0 else None, block=block)
-        del logits, grads, parts, g        # the chunk buffers go before dW's own buffer comes
+            if not H:
+                continue
+            if use_torch:
+                # dh: fp32 G W, then the scale s 2^-k and one rounding; dW: G^T h summed over the
+                # chunks in fp32, scaled and rounded once at the end
+                _mm32(g, W, dh32[:rows])
+                _scaled(dh32[:rows], dh[c0:c0 + rows], scale)
+                _mm32(g.t(), h_rows, acc, accumulate=c0 > 0)
+                continue
+            if parts is None:
+                _gemm(g, Wt, dh[c0:c0 + rows], scale=scale, block=block)
+            else:
+                used = _gemm(g, Wt, parts[:, :rows], scale=scale, splits=splits, block=block)
+                n = rows * H
+                _sum_splits_kernel[(triton.cdiv(n, 1024),)](parts, dh[c0:c0 + rows], n, parts.stride(0), used,
+                                                           BLOCK=1024)
+            target = acc if acc is not None else dw
+            _gemm(g.t(), h_rows.t(), target, scale=scale, acc=target if c0 > 0 else None, block=block)
+        del logits, grads, parts, dh32, g        # the chunk buffers go before dW's own buffer comes
     if dw is None:
         dw = allocate((V, H), W.dtype, device, name="dw_out")
     if N == 0:
         dw.zero_()
     elif acc is not None and acc is not dw:
-        _scaled(acc, dw)
+        _scaled(acc, dw, scale if use_torch else None)
     del acc
 
     # 3. The loss.
@@ -488,16 +558,17 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     """loss = FusedLinearCrossEntropyFunction.apply(h, W, labels, ignore_index, label_smoothing,
-    softcap, reduction, chunk_size, validate): the forward computes the loss and both gradients
-    (fused_linear_cross_entropy) and keeps the gradients; the backward returns them times the
-    upstream gradient of the loss, in new tensors (read on the device: no host sync)."""
+    softcap, reduction, chunk_size, validate, gemm): the forward computes the loss and both
+    gradients (fused_linear_cross_entropy) and keeps the gradients; the backward returns them
+    times the upstream gradient of the loss, in new tensors (read on the device: no host sync)."""
 
     @staticmethod
     def forward(ctx, h, W, labels, ignore_index=-100, label_smoothing=0.0, softcap=None, reduction="mean",
-                chunk_size=None, validate=True):
+                chunk_size=None, validate=True, gemm=None):
         loss, dh, dw = fused_linear_cross_entropy(h, W, labels, ignore_index=ignore_index,
                                                   label_smoothing=label_smoothing, softcap=softcap,
-                                                  reduction=reduction, chunk_size=chunk_size, validate=validate)
+                                                  reduction=reduction, chunk_size=chunk_size, validate=validate,
+                                                  gemm=gemm)
         ctx.save_for_backward(dh, dw)
         return loss
 
@@ -507,4 +578,4 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         g = grad_loss.reshape(1)
         grad_h = _scaled(dh, torch.empty_like(dh), g) if ctx.needs_input_grad[0] else None
         grad_w = _scaled(dw, torch.empty_like(dw), g) if ctx.needs_input_grad[1] else None
-        return grad_h, grad_w, None, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None, None, None

@@ -69,8 +69,8 @@ def fused_linear_cross_entropy_magnitudes(h, W, labels, ignore_index=-100, label
                                           reduction="mean", floor=0.0):
     """Per output (loss, dh, dW), (value, bound): what rtol and bound_rtol are relative to
     (docs/NUMERICS.md, "Fused linear cross-entropy"). `floor`: the size below which the gradient
-    logits' rounding in the input dtype stops being relative (fp16's smallest normal over the
-    kernel's 2^15 scale), added to each gradient logit's terms."""
+    logits' rounding in the input dtype stops being relative (its smallest normal; fp16's over
+    the kernel's 2^15 scale), added to each gradient logit's terms."""
     hn, Wn, zc, d, lse, lam, p, q, counted, s = _terms(h, W, labels, ignore_index, label_smoothing, softcap,
                                                        reduction)
     ha, Wa = hn.abs(), Wn.abs()

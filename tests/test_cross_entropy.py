@@ -7,10 +7,13 @@ import kernels
 from harness import registry
 from harness.cases import Case
 from harness.compare import compare
-from kernels.cross_entropy import FusedLinearCrossEntropyFunction, plan_chunks
+from kernels.cross_entropy import FusedLinearCrossEntropyFunction, _use_torch_gemms, plan_chunks
 
 OP = "fused_linear_cross_entropy"
 DTYPES = ("float32", "float16", "bfloat16")
+# The GEMM paths, as the op's configs name them ("config" is the param the declared gaps read: the
+# interpreter's bf16 tl.dot takes bf16 under "auto", not under "torch_mm").
+GEMMS = {"auto": None, "torch_mm": "torch"}
 
 
 def _inputs(dtype, backend, shape=(19, 300, 24), **params):
@@ -34,19 +37,23 @@ def _assert_within_budget(case, inp, got, budgets, backend):
 
 
 @pytest.mark.op(OP)
+@pytest.mark.parametrize("config", tuple(GEMMS))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("params", [dict(), dict(softcap=2.0, smoothing=0.1, reduction="sum")], ids=["plain", "cap"])
-def test_function_gradients_are_the_launchers_bit_for_bit(dtype, params, backend, budgets):
+def test_function_gradients_are_the_launchers_bit_for_bit(dtype, params, config, backend, budgets):
     """loss.backward() through FusedLinearCrossEntropyFunction gives h.grad and W.grad equal, bit
-    for bit, to the launcher's dh and dW (an upstream gradient of 1), and the same loss."""
+    for bit, to the launcher's dh and dW (an upstream gradient of 1), and the same loss; with the
+    Triton GEMMs and with torch's (several chunks: 19 rows in chunks of 8)."""
     case, inp = _inputs(dtype, backend, **params)
-    got = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp))
+    gemm, chunk = GEMMS[config], 8 if GEMMS[config] else None
+    got = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp), gemm=gemm,
+                                             chunk_size=chunk)
     _assert_within_budget(case, inp, got, budgets, backend)
     h = inp["h"].detach().clone().requires_grad_()
     W = inp["W"].detach().clone().requires_grad_()
     kw = _kw(inp)
     loss = FusedLinearCrossEntropyFunction.apply(h, W, inp["labels"], kw["ignore_index"], kw["label_smoothing"],
-                                                 kw["softcap"], kw["reduction"])
+                                                 kw["softcap"], kw["reduction"], chunk, True, gemm)
     loss.backward()
     assert torch.equal(loss.detach(), got[0])
     assert h.grad.shape == h.shape and W.grad.shape == W.shape
@@ -55,16 +62,18 @@ def test_function_gradients_are_the_launchers_bit_for_bit(dtype, params, backend
 
 
 @pytest.mark.op(OP)
+@pytest.mark.parametrize("config", tuple(GEMMS))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_function_scales_by_the_upstream_gradient_each_backward(dtype, backend, budgets):
+def test_function_scales_by_the_upstream_gradient_each_backward(dtype, config, backend, budgets):
     """The backward multiplies the kept gradients by the upstream one in fp32 and rounds once, into
     new tensors: a second backward through the retained graph gives the same gradients again."""
     case, inp = _inputs(dtype, backend)
-    got = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp))
+    got = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp), gemm=GEMMS[config])
     _assert_within_budget(case, inp, got, budgets, backend)
     h = inp["h"].detach().clone().requires_grad_()
     W = inp["W"].detach().clone().requires_grad_()
-    out = 3.0 * FusedLinearCrossEntropyFunction.apply(h, W, inp["labels"])
+    out = 3.0 * FusedLinearCrossEntropyFunction.apply(h, W, inp["labels"], -100, 0.0, None, "mean", None, True,
+                                                      GEMMS[config])
     first = torch.autograd.grad(out, (h, W), retain_graph=True)
     second = torch.autograd.grad(out, (h, W))
     for a, b, ours in zip(first, second, got[1:]):
@@ -73,11 +82,11 @@ def test_function_scales_by_the_upstream_gradient_each_backward(dtype, backend, 
 
 
 @pytest.mark.op(OP)
-@pytest.mark.parametrize("dtype", ("float32", "float16"))
-def test_function_trains_an_lm_head(dtype, backend):
+@pytest.mark.parametrize("dtype,config", [("float32", "auto"), ("float16", "auto"), ("bfloat16", "torch_mm")])
+def test_function_trains_an_lm_head(dtype, config, backend):
     """A few SGD steps on an LM head (a learnable projection of fixed hidden states, W learnable)
-    lower the loss at every step; fp32 and fp16 (bf16 on a GPU: its tl.dot is an interpreter gap,
-    and a descent on garbage gradients proves nothing)."""
+    lower the loss at every step; fp32 and fp16, and bf16 through torch's GEMMs (the Triton
+    GEMMs' bf16 tl.dot is an interpreter gap, and a descent on garbage gradients proves nothing)."""
     torch.manual_seed(0)
     d = backend.device
     dt = getattr(torch, dtype)
@@ -91,7 +100,7 @@ def test_function_trains_an_lm_head(dtype, backend):
     for _ in range(6):
         opt.zero_grad()
         h = proj(x).to(dt)
-        loss = FusedLinearCrossEntropyFunction.apply(h, W, labels, -100, 0.0, None, "mean", 16)
+        loss = FusedLinearCrossEntropyFunction.apply(h, W, labels, -100, 0.0, None, "mean", 16, True, GEMMS[config])
         loss.backward()
         assert W.grad.shape == W.shape and W.grad.dtype == dt
         assert proj.weight.grad.shape == proj.weight.shape and bool(proj.weight.grad.isfinite().all())
@@ -101,16 +110,18 @@ def test_function_trains_an_lm_head(dtype, backend):
 
 
 @pytest.mark.op(OP)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_every_chunk_plan_is_within_budget_and_deterministic(dtype, backend, budgets):
+@pytest.mark.parametrize("dtype,config", [(d, c) for d in DTYPES for c in GEMMS
+                                          if not (d == "float32" and c == "torch_mm")])   # fp32: Triton's either way
+def test_every_chunk_plan_is_within_budget_and_deterministic(dtype, config, backend, budgets):
     """Rows per chunk (all, 7, 1), logits rows within a chunk (all, 3), dh split over 1 to 4
-    programs along V, 16-wide tiles: each plan passes the budget against the oracle (dW summed
-    over 3 chunks in fp32, rows not a multiple of the chunk), and the same plan twice gives the
-    same bits (no atomics)."""
+    programs along V, 16-wide tiles (the Triton GEMMs'; torch's take neither): each plan passes
+    the budget against the oracle (dW summed over 3 chunks in fp32, rows not a multiple of the
+    chunk), and the same plan twice gives the same bits (no atomics)."""
     case, inp = _inputs(dtype, backend, smoothing=0.1)
     plans = [dict(), dict(chunk_size=7), dict(chunk_size=7, logits_rows=3, num_splits=4),
              dict(chunk_size=1, block_v=16), dict(chunk_size=8, logits_rows=8, num_splits=2, block=16)]
     for plan in plans:
+        plan = {**plan, "gemm": GEMMS[config]}
         got = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp), **plan)
         _assert_within_budget(case, inp, got, budgets, backend)
         again = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp), **plan)
@@ -130,7 +141,8 @@ def test_default_plan_keeps_the_chunk_buffers_within_the_size_of_W():
 
 
 @pytest.mark.op(OP)
-def test_dw_buffer_comes_after_the_chunk_buffers_are_freed(backend):
+@pytest.mark.parametrize("gemm,dh_buffer", [("triton", "dh_partials"), ("torch", "dh_fp32")])
+def test_dw_buffer_comes_after_the_chunk_buffers_are_freed(gemm, dh_buffer, backend):
     """The launcher's own buffers (kernels._launch.allocate, tracked here): for 16-bit W over
     several chunks, the fp32 accumulator of dW lives through the chunks, and dW's own buffer is
     allocated only once the chunk buffers (fp32 logits, gradient logits, dh partials) are gone,
@@ -155,11 +167,23 @@ def test_dw_buffer_comes_after_the_chunk_buffers_are_freed(backend):
     labels = torch.randint(0, 300, (40,), generator=gen).to(backend.device)
     previous = _launch.set_allocator(tracking)
     try:
-        loss, dh, dw = kernels.fused_linear_cross_entropy(h, W, labels, chunk_size=16, logits_rows=8, num_splits=2)
+        loss, dh, dw = kernels.fused_linear_cross_entropy(h, W, labels, chunk_size=16, logits_rows=8, num_splits=2,
+                                                          gemm=gemm)
     finally:
         _launch.set_allocator(previous)
     names = [n for n, _ in seen]
-    assert {"logits", "grad_logits", "dh_partials", "dw_accumulator", "dw_out"} <= set(names), names
+    assert {"logits", "grad_logits", dh_buffer, "dw_accumulator", "dw_out"} <= set(names), names
     alive = dict(seen)["dw_out"]                # what lived when dW's buffer was made:
-    assert "dw_accumulator" in alive and not {"logits", "grad_logits", "dh_partials"} & set(alive), alive
+    assert "dw_accumulator" in alive and not {"logits", "grad_logits", dh_buffer} & set(alive), alive
     assert dw.dtype == torch.float16 and bool(dw.isfinite().all())
+
+
+def test_the_gemm_path_is_chosen_by_dtype_and_shape():
+    """fp32 always takes the Triton GEMM (true fp32 products whatever torch's TF32 setting);
+    gemm="torch" / "triton" and a given block choose for 16-bit inputs; by default only a CUDA
+    GPU takes torch's GEMMs, for 16-bit inputs over several chunks (never the interpreter)."""
+    h32, h16 = torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bfloat16)
+    assert not _use_torch_gemms(h32, "torch", None, 4)
+    assert _use_torch_gemms(h16, "torch", None, 1) and _use_torch_gemms(h16, "torch", 16, 4)
+    assert not _use_torch_gemms(h16, "triton", None, 4) and not _use_torch_gemms(h16, None, 16, 4)
+    assert not _use_torch_gemms(h16, None, None, 4)         # on the CPU (interpreter)

@@ -27,14 +27,21 @@ IDS = {"int32": torch.int32, "int64": torch.int64}
 # Qwen2's vocabulary (and Qwen2-7B's padded one), Llama 2's and 3's, GPT-2's.
 VOCABS = (32000, 50257, 128256, 151936, 152064)
 SMALL = {"chunk_size": 5, "logits_rows": 3, "block_v": 16, "num_splits": 3, "block": 16}
+# The GEMMs through torch.mm (cuBLAS on a GPU, for 16-bit inputs; fp32 keeps the Triton GEMMs),
+# in chunks of 8 rows: dW summed over chunks in fp32, dh scaled and rounded after the GEMM. On
+# the interpreter torch's CPU GEMMs run the same path, bf16 included (no tl.dot in it).
+TORCH_MM = {"gemm": "torch", "chunk_size": 8}
 # Per case at most this many multiply-adds of one GEMM (N V H) and elements of W: the float64
 # oracle forms the whole logits and a few [N, V] tensors beside them (at V 152064 and 128 rows,
 # 156 MB each, on each of a GPU run's workers), and inputs are drawn on the host.
 MAX_MACS = {"small": 1 << 19, "large": 1 << 32}
 MAX_W = {"small": 1 << 17, "large": 1 << 25}
-# The kernel stores fp16 gradient logits times 2^15 (docs/NUMERICS.md): below fp16's smallest
-# normal over that scale their rounding is absolute, not relative.
-FP16_GRAD_FLOOR = torch.finfo(torch.float16).smallest_normal / 2.0 ** 15
+# Below the smallest normal of the dtype the gradient logits are stored in (fp16's over the
+# kernel's 2^15 scale: docs/NUMERICS.md) their rounding is absolute, not relative: a capped row's
+# far logits (slope 1e-15 times p 1e-26) give bf16 and fp32 subnormals too.
+GRAD_FLOOR = {torch.float32: torch.finfo(torch.float32).smallest_normal,
+              torch.float16: torch.finfo(torch.float16).smallest_normal / 2.0 ** 15,
+              torch.bfloat16: torch.finfo(torch.bfloat16).smallest_normal}
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}   # unit roundoff
 
 
@@ -58,7 +65,7 @@ def make_labels(N, V, pick, ignore, ignore_index, dtype, strided, gen, device):
 class FusedLinearCrossEntropy(Op):
     name = "fused_linear_cross_entropy"
     outputs = ("loss", "dh", "dw")
-    configs = {"auto": {}, "small": SMALL}
+    configs = {"auto": {}, "small": SMALL, "torch_mm": TORCH_MM}
 
     def inputs(self, case, device):
         gen = case.generator()
@@ -105,8 +112,8 @@ class FusedLinearCrossEntropy(Op):
         value term is scaled by u32 / u(dtype), so that the dtype's rtol, sized for the rounding
         of dh and dW, reads as fp32 roundings for it."""
         dtype = inp["h"].dtype
-        floor = FP16_GRAD_FLOOR if dtype == torch.float16 else 0.0
-        mags = oracles.fused_linear_cross_entropy_magnitudes(*self._args(inp), **self._kw(inp), floor=floor)
+        mags = oracles.fused_linear_cross_entropy_magnitudes(*self._args(inp), **self._kw(inp),
+                                                             floor=GRAD_FLOOR[dtype])
         (loss_value, loss_bound), *grads = mags
         loss = Magnitudes(value=loss_value * (UNIT[torch.float32] / UNIT[dtype]), bound=loss_bound)
         return (loss, *(Magnitudes(value=v, bound=b) for v, b in grads))
@@ -175,6 +182,14 @@ class FusedLinearCrossEntropy(Op):
         # Layouts of h and W.
         out += [case((7, 120, 40), layout=lay, seed=14) for lay in CE_LAYOUTS[1:]]
         out += [case((7, 120, 40), layout=lay, config="small", seed=15) for lay in ("transposed", "sliced")]
+        # The torch GEMMs (and, in bf16, the interpreter's one check of bf16 through them): several
+        # chunks, rows not a multiple of the chunk (8), layouts, a cap with smoothing, every label
+        # ignored, Qwen2's vocabulary.
+        out += [case(s, config="torch_mm", seed=16 + i) for i, s in enumerate(((13, 37, 24), (17, 1001, 40)))]
+        out += [case((9, 120, 40), layout=lay, config="torch_mm", seed=18) for lay in CE_LAYOUTS[1:]]
+        out += [case((9, 300, 32), softcap=2.0, smoothing=0.1, reduction="sum", config="torch_mm", seed=19),
+                case((9, 100, 32), ignore="all", config="torch_mm", seed=19),
+                case((3, 151936, 8), config="torch_mm", seed=20)]
         if dtype != "bfloat16":
             # Exactly zero gradients whatever the logits (every label ignored, under both reductions,
             # with and without smoothing; one class), or no rows: the interpreter's garbage bf16
