@@ -43,6 +43,12 @@ GRAD_FLOOR = {torch.float32: torch.finfo(torch.float32).smallest_normal,
               torch.float16: torch.finfo(torch.float16).smallest_normal / 2.0 ** 15,
               torch.bfloat16: torch.finfo(torch.bfloat16).smallest_normal}
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}   # unit roundoff
+# The loss is fp32 in every dtype, and one budget per dtype serves all three outputs: a 16-bit
+# dtype's rtol, 4 of its own units (sized for dh and dW), reads as LOSS_UNITS[dtype] x 4 fp32
+# roundings of the loss's terms: 16 for fp16 and bf16 (the GPU's approximate exp2 and log2 and
+# the fp32 sum of V exps need up to about 8: docs/NUMERICS.md), fp32's own rtol as it stands.
+LOSS_UNITS = {torch.float32: 1.0, torch.float16: 4 * UNIT[torch.float32] / UNIT[torch.float16],
+              torch.bfloat16: 4 * UNIT[torch.float32] / UNIT[torch.bfloat16]}
 
 
 def make_labels(N, V, pick, ignore, ignore_index, dtype, strided, gen, device):
@@ -109,13 +115,13 @@ class FusedLinearCrossEntropy(Op):
         gradient logits' terms s (p + q) d through the GEMM (a reduction over rows for dW, over V
         for dh); each with a bound term for the logits' fp32 rounding seen through the softmax
         (docs/NUMERICS.md, "Fused linear cross-entropy"). The loss is fp32 in every dtype: its
-        value term is scaled by u32 / u(dtype), so that the dtype's rtol, sized for the rounding
-        of dh and dW, reads as fp32 roundings for it."""
+        value term is scaled by LOSS_UNITS (4 u32 / u(dtype) for fp16 and bf16), so that the
+        dtype's rtol, sized for the rounding of dh and dW, reads as fp32 roundings for it."""
         dtype = inp["h"].dtype
         mags = oracles.fused_linear_cross_entropy_magnitudes(*self._args(inp), **self._kw(inp),
                                                              floor=GRAD_FLOOR[dtype])
         (loss_value, loss_bound), *grads = mags
-        loss = Magnitudes(value=loss_value * (UNIT[torch.float32] / UNIT[dtype]), bound=loss_bound)
+        loss = Magnitudes(value=loss_value * LOSS_UNITS[dtype], bound=loss_bound)
         return (loss, *(Magnitudes(value=v, bound=b) for v, b in grads))
 
     def cases(self, dtype, size, config):
