@@ -13,8 +13,10 @@ and its gradients are left in h.grad and W.grad (cleared before each call):
 - liger: LigerFusedLinearCrossEntropyFunction.apply(h, W, labels) with its defaults (dW
   accumulated in W's dtype), and liger fp32 accum: accum_dtype=torch.float32 where the
   installed version has it (what ours does); both only when liger_kernel imports;
-- ours: kernels.FusedLinearCrossEntropyFunction.apply(h, W, labels), loss.backward(); ours,
-  validate=False: the same without the labels' check read back (no host sync).
+- ours: kernels.FusedLinearCrossEntropyFunction.apply(h, W, labels), loss.backward() (at these
+  shapes its GEMMs go through cuBLAS: bf16 over several chunks); ours, validate=False: the same
+  without the labels' check read back (no host sync); ours, Triton GEMMs: gemm="triton", the
+  GEMMs through the kernel's own Triton GEMM (the path of one chunk, fp32, the interpreter).
 Time: triton.testing.do_bench median of the whole step (bench/common.py). Peak memory:
 torch.cuda.max_memory_allocated over one step, reset before it, and the same minus what was
 allocated before the step (inputs: h, W, labels); the gradients each peer leaves are counted.
@@ -63,7 +65,7 @@ QWEN2_1_5B = (151936, 1536)     # V, H
 SHAPES = {f"qwen2-1.5b/N{N}": (N, *QWEN2_1_5B) for N in (16384, 8192, 4096)}
 QUICK = {"quick/N2048": (2048, 32000, 1024)} if ON_GPU else {"tiny/N40": (40, 300, 32)}
 IGNORED = 0.1
-PEERS = ("eager", "torch.compile", "liger", "liger fp32 accum", "ours", "ours, validate=False")
+PEERS = ("eager", "torch.compile", "liger", "liger fp32 accum", "ours", "ours, validate=False", "ours, Triton GEMMs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,12 +88,14 @@ def liger_apply(accum_fp32):
     at = {name: i for i, name in enumerate(params)}
 
     def call(h, W, labels):
+        # apply() takes no keywords: the arguments up to accum_dtype by position, the ones between
+        # the labels and it at their defaults (0.8.5 has 15 more after it: not passed)
         args = [None] * (at["accum_dtype"] + 1 if accum_fp32 else 3)
         args[:3] = [h, W, labels]
         if accum_fp32:
             sig = inspect.signature(LigerFusedLinearCrossEntropyFunction.forward).parameters
             for name, i in at.items():
-                if i >= 3:
+                if 3 <= i < len(args):
                     args[i] = sig[name].default
             args[at["accum_dtype"]] = torch.float32
         out = LigerFusedLinearCrossEntropyFunction.apply(*args)
@@ -212,6 +216,8 @@ def run_row(tag, N, V, H):
     fns["ours"] = lambda h, W, labels: kernels.FusedLinearCrossEntropyFunction.apply(h, W, labels)
     fns["ours, validate=False"] = lambda h, W, labels: kernels.FusedLinearCrossEntropyFunction.apply(
         h, W, labels, -100, 0.0, None, "mean", None, False)
+    fns["ours, Triton GEMMs"] = lambda h, W, labels: kernels.FusedLinearCrossEntropyFunction.apply(
+        h, W, labels, -100, 0.0, None, "mean", None, True, "triton")
 
     ref = None
     for name in PEERS:
@@ -290,8 +296,8 @@ def markdown(rows, info):
              "the same function, default mode, compile not timed; liger: LigerFusedLinearCrossEntropyFunction "
              "with its defaults (dW accumulated in bf16), liger fp32 accum: accum_dtype=torch.float32; ours: "
              "kernels.FusedLinearCrossEntropyFunction (dW accumulated in fp32, the labels checked: one 4-byte "
-             "read), validate=False: without that read. 'rel err': max |x - eager| / max |eager| of the loss, "
-             "h.grad and W.grad.", "",
+             "read; cuBLAS GEMMs at these shapes), validate=False: without that read, Triton GEMMs: gemm=\"triton\". "
+             "'rel err': max |x - eager| / max |eager| of the loss, h.grad and W.grad.", "",
              "| shape | peer | ms | TFLOP/s | x liger | peak | over inputs | peak / liger | rel err loss | "
              "rel err dh | rel err dW |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
