@@ -7,8 +7,8 @@ Its contract is the launcher's signature and semantics (docs/NUMERICS.md, docs/p
     Implementation(op="rmsnorm", fn=my_rmsnorm)              # fn(x, w, eps) -> y
 
 - `fn` gets the launcher's arguments; output buffers (`out=`, `out_residual=`, `lse_out=`,
-  `scale_out=`, the backward passes' `out_dx=`, `out_dresidual=`, `out_dw=`, `out_db=`, ...) only with
-  `accepts_out=True`. Otherwise it returns its results (a tensor, or a
+  `scale_out=`, `loss_out=`, the backward passes' `out_dx=`, `out_dh=`, `out_dresidual=`, `out_dw=`,
+  `out_db=`, ...) only with `accepts_out=True`. Otherwise it returns its results (a tensor, or a
   tuple in the launcher's order) and the harness copies them into the checked buffers.
 - `dtypes` and `configs` say what it supports: other dtypes and kernel configs (the suite's
   block-size configs are its own kernels' paths) are not run, and the run counts them.
@@ -31,9 +31,10 @@ from typing import Callable
 
 ENTRY_POINTS = "kernelcheck.impls"
 # The launchers' output buffers, in the order of their results (the backward passes' gradients as
-# each returns them: dx or dy or dtable, dresidual, then the weights' and biases').
-OUTPUT_KWARGS = ("out", "out_residual", "lse_out", "scale_out", "out_dx", "out_dy", "out_dtable", "out_dresidual",
-                 "out_dw", "out_dw_gate", "out_dw_up", "out_db", "out_dbias", "out_db_gate", "out_db_up")
+# each returns them: dx or dy or dtable or dh, dresidual, then the weights' and biases').
+OUTPUT_KWARGS = ("out", "out_residual", "lse_out", "scale_out", "loss_out", "out_dx", "out_dy", "out_dtable",
+                 "out_dh", "out_dresidual", "out_dw", "out_dw_gate", "out_dw_up", "out_db", "out_dbias",
+                 "out_db_gate", "out_db_up")
 
 
 class ImplError(ValueError):

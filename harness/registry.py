@@ -35,6 +35,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "matmul": ("harness.ops.gemm", FLOATS),
     "swiglu": ("harness.ops.gemm", FLOATS),
     "swiglu_backward": ("harness.ops.gemm", FLOATS),
+    "fused_linear_cross_entropy": ("harness.ops.cross_entropy", FLOATS),   # LM head + loss, with dh and dW
     "quantize_fp8": ("harness.ops.fp8", FLOATS),    # the dtype is x's; the fp8 format is a case param
     "fp8_matmul": ("harness.ops.fp8", FLOATS),      # the dtype is the output's
     "fp8_matmul_fast_accum": ("harness.ops.fp8", FLOATS),   # fp8_matmul(..., fast_accum=True)

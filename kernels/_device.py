@@ -1,5 +1,5 @@
-"""Device-side helpers shared by the kernels: row offsets and tiles (norms, softmax), Kahan
-sums, activations and their derivatives, and the grouped tile order of the GEMMs (matmul, swiglu,
+"""Device-side helpers shared by the kernels: row offsets and tiles (norms, softmax), bf16
+rounding, Kahan sums, activations and their derivatives, and the grouped tile order of the GEMMs (matmul, swiglu,
 fp8_matmul)."""
 import triton
 import triton.language as tl
@@ -20,6 +20,31 @@ def load_tile(ptr, row_off, cols, row_ok, n_cols, col_stride, other):
     mask = row_ok[:, None] & (cols < n_cols)[None, :]
     x = tl.load(ptr + row_off[:, None] + cols[None, :].to(tl.int64) * col_stride, mask=mask, other=other)
     return x.to(tl.float32), mask
+
+
+@triton.jit
+def round_to_bf16(x):
+    """fp32 -> bf16, round to nearest even, written out in integer ops: the GPU's conversion
+    does the same, but Triton's interpreter truncates (and returns wrong values for fp32
+    subnormals), so a kernel that stores bf16 through this is exact on both. Values past the
+    bf16 range round to infinity. NaN stays NaN: its top bits with the quiet bit set (the carry
+    would turn a NaN with only low payload bits into infinity, and so did the interpreter's
+    truncating cast)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def rounded_for(x, ptr):
+    """fp32 x rounded to nearest (even) in the element type of ptr, for a store: bf16 through
+    round_to_bf16 (exact on the interpreter too), other types by the conversion."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        y = round_to_bf16(x)
+    else:
+        y = x.to(ptr.dtype.element_ty)
+    return y
 
 
 @triton.jit

@@ -19,23 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._device import round_to_bf16 as _round_to_bf16
 from kernels._launch import check_finite, check_same_device, check_tensor
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
 BLOCK = 1024     # elements a program: 4 warps x 32 threads x 8, 16-byte loads of fp32 state
-
-
-@triton.jit
-def _round_to_bf16(x):
-    """fp32 -> bf16, round to nearest even, written out in integer ops: the GPU's conversion
-    does the same, but Triton's interpreter truncates, and a truncated parameter drifts by up
-    to an ulp every step. Values past the bf16 range round to infinity. NaN stays NaN: its top
-    bits with the quiet bit set (the carry would turn a NaN with only low payload bits into
-    infinity, and so did the interpreter's truncating cast)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
-    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit

@@ -9,6 +9,7 @@ from oracles.activations import bias_gelu, bias_gelu_backward
 from oracles.attention import (decode_attention, decode_out_score_magnitude, decode_tie_allowance, flash_attention,
                                flash_attention_backward, flash_attention_backward_magnitudes,
                                flash_attention_magnitudes, flash_attention_tie_allowance)
+from oracles.cross_entropy import fused_linear_cross_entropy, fused_linear_cross_entropy_magnitudes
 from oracles.embedding import embedding, embedding_backward
 from oracles.fp8 import fp8_matmul, quantize_fp8
 from oracles.gated_delta import gated_delta_rule
@@ -21,4 +22,4 @@ from oracles.norms import (add_rmsnorm, add_rmsnorm_backward, layernorm, layerno
 from oracles.rope import rmsnorm_rope, rmsnorm_rope_backward, rope, rope_backward
 from oracles.softmax import softmax, softmax_backward
 
-__all__ = ["adamw", "add_rmsnorm", "add_rmsnorm_backward", "bias_gelu", "bias_gelu_backward", "decode_attention", "decode_out_score_magnitude", "decode_tie_allowance", "dequantize_mxfp4", "embedding", "embedding_backward", "flash_attention", "flash_attention_backward", "flash_attention_backward_magnitudes", "flash_attention_magnitudes", "flash_attention_tie_allowance", "fp8_matmul", "gated_delta_rule", "layernorm", "layernorm_backward", "matmul", "mla_decode", "moe", "moe_magnitudes", "moe_mxfp4", "moe_mxfp4_magnitudes", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_backward", "rmsnorm_rope", "rmsnorm_rope_backward", "rope", "rope_backward", "softmax", "softmax_backward", "swiglu", "swiglu_backward"]
+__all__ = ["adamw", "add_rmsnorm", "add_rmsnorm_backward", "bias_gelu", "bias_gelu_backward", "decode_attention", "decode_out_score_magnitude", "decode_tie_allowance", "dequantize_mxfp4", "embedding", "embedding_backward", "flash_attention", "flash_attention_backward", "flash_attention_backward_magnitudes", "flash_attention_magnitudes", "flash_attention_tie_allowance", "fp8_matmul", "fused_linear_cross_entropy", "fused_linear_cross_entropy_magnitudes", "gated_delta_rule", "layernorm", "layernorm_backward", "matmul", "mla_decode", "moe", "moe_magnitudes", "moe_mxfp4", "moe_mxfp4_magnitudes", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "rmsnorm", "rmsnorm_backward", "rmsnorm_rope", "rmsnorm_rope_backward", "rope", "rope_backward", "softmax", "softmax_backward", "swiglu", "swiglu_backward"]

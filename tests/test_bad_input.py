@@ -128,6 +128,16 @@ def PERM(d, **kw):
     return kernels.moe_permute(**args)
 
 
+def FLCE(d, N=4, V=6, H=8, dtype=torch.float32, **kw):
+    """fused_linear_cross_entropy on small valid inputs (N 4, V 6, H 8, one label ignored), any
+    argument replaced by kw."""
+    labels = torch.arange(N, device=d) % V
+    labels[1::3] = -100
+    args = dict(h=T(N, H, dtype=dtype, device=d), W=T(V, H, dtype=dtype, device=d), labels=labels)
+    args.update(kw)
+    return kernels.fused_linear_cross_entropy(**args)
+
+
 BAD = [
     # rmsnorm / layernorm / add_rmsnorm
     ("rmsnorm", "int input", lambda d: kernels.rmsnorm(torch.ones(2, 4, dtype=torch.int32, device=d), T(4, device=d)), TypeError, "x"),
@@ -616,6 +626,54 @@ BAD = [
     ("moe_mxfp4", "out strided", lambda d: MOEMX(d, out=T(64, 4, device=d).t()), ValueError, "out"),
     ("moe_mxfp4", "out device", lambda d: MOEMX(d, out=torch.zeros(4, 64, device="meta")), ValueError, "out"),
     ("moe_route", "permute out_num shape", lambda d: PERM(d, out_num=torch.zeros((), dtype=torch.int32, device=d)), ValueError, "out_num"),
+    # fused_linear_cross_entropy
+    ("fused_linear_cross_entropy", "h int", lambda d: FLCE(d, h=torch.ones(4, 8, dtype=torch.int32, device=d)), TypeError, "h"),
+    ("fused_linear_cross_entropy", "h float64", lambda d: FLCE(d, h=T(4, 8, dtype=torch.float64, device=d)), TypeError, "h"),
+    ("fused_linear_cross_entropy", "h 3-d", lambda d: FLCE(d, h=T(1, 4, 8, device=d)), ValueError, "h"),
+    ("fused_linear_cross_entropy", "h not a tensor", lambda d: FLCE(d, h=[[1.0] * 8] * 4), TypeError, "h"),
+    ("fused_linear_cross_entropy", "W 1-d", lambda d: FLCE(d, W=T(8, device=d)), ValueError, "W"),
+    ("fused_linear_cross_entropy", "W hidden size", lambda d: FLCE(d, W=T(6, 9, device=d)), ValueError, "W"),
+    ("fused_linear_cross_entropy", "W transposed shape", lambda d: FLCE(d, W=T(8, 6, device=d)), ValueError, "W"),
+    ("fused_linear_cross_entropy", "W no rows", lambda d: FLCE(d, W=T(0, 8, device=d)), ValueError, "W"),
+    ("fused_linear_cross_entropy", "W fp16 with fp32 h", lambda d: FLCE(d, W=T(6, 8, dtype=torch.float16, device=d)), TypeError, "W"),
+    ("fused_linear_cross_entropy", "W device", lambda d: FLCE(d, W=torch.zeros(6, 8, device="meta")), ValueError, "W"),
+    ("fused_linear_cross_entropy", "labels float", lambda d: FLCE(d, labels=T(4, device=d)), TypeError, "labels"),
+    ("fused_linear_cross_entropy", "labels int16", lambda d: FLCE(d, labels=torch.zeros(4, dtype=torch.int16, device=d)), TypeError, "labels"),
+    ("fused_linear_cross_entropy", "labels 2-d", lambda d: FLCE(d, labels=torch.zeros(4, 1, dtype=torch.int64, device=d)), ValueError, "labels"),
+    ("fused_linear_cross_entropy", "labels length", lambda d: FLCE(d, labels=torch.zeros(5, dtype=torch.int64, device=d)), ValueError, "labels"),
+    ("fused_linear_cross_entropy", "labels past V", lambda d: FLCE(d, labels=torch.tensor([0, 6, 1, 2], device=d)), ValueError, "labels"),
+    ("fused_linear_cross_entropy", "labels negative", lambda d: FLCE(d, labels=torch.tensor([0, -1, 1, 2], device=d)), ValueError, "labels"),
+    ("fused_linear_cross_entropy", "labels device", lambda d: FLCE(d, labels=torch.zeros(4, dtype=torch.int64, device="meta")), ValueError, "labels"),
+    ("fused_linear_cross_entropy", "ignore_index float", lambda d: FLCE(d, ignore_index=-100.0), TypeError, "ignore_index"),
+    ("fused_linear_cross_entropy", "ignore_index bool", lambda d: FLCE(d, ignore_index=True), TypeError, "ignore_index"),
+    ("fused_linear_cross_entropy", "ignore_index past int64", lambda d: FLCE(d, ignore_index=2**63), ValueError, "ignore_index"),
+    ("fused_linear_cross_entropy", "label_smoothing negative", lambda d: FLCE(d, label_smoothing=-0.1), ValueError, "label_smoothing"),
+    ("fused_linear_cross_entropy", "label_smoothing past 1", lambda d: FLCE(d, label_smoothing=1.5), ValueError, "label_smoothing"),
+    ("fused_linear_cross_entropy", "label_smoothing NaN", lambda d: FLCE(d, label_smoothing=math.nan), ValueError, "label_smoothing"),
+    ("fused_linear_cross_entropy", "label_smoothing a string", lambda d: FLCE(d, label_smoothing="0.1"), TypeError, "label_smoothing"),
+    ("fused_linear_cross_entropy", "softcap zero", lambda d: FLCE(d, softcap=0.0), ValueError, "softcap"),
+    ("fused_linear_cross_entropy", "softcap negative", lambda d: FLCE(d, softcap=-30.0), ValueError, "softcap"),
+    ("fused_linear_cross_entropy", "softcap inf", lambda d: FLCE(d, softcap=math.inf), ValueError, "softcap"),
+    ("fused_linear_cross_entropy", "reduction none", lambda d: FLCE(d, reduction="none"), ValueError, "reduction"),
+    ("fused_linear_cross_entropy", "reduction unknown", lambda d: FLCE(d, reduction="avg"), ValueError, "reduction"),
+    ("fused_linear_cross_entropy", "reduction not a str", lambda d: FLCE(d, reduction=None), TypeError, "reduction"),
+    ("fused_linear_cross_entropy", "chunk_size zero", lambda d: FLCE(d, chunk_size=0), ValueError, "chunk_size"),
+    ("fused_linear_cross_entropy", "chunk_size float", lambda d: FLCE(d, chunk_size=16.0), ValueError, "chunk_size"),
+    ("fused_linear_cross_entropy", "chunk_size bool", lambda d: FLCE(d, chunk_size=True), ValueError, "chunk_size"),
+    ("fused_linear_cross_entropy", "logits_rows zero", lambda d: FLCE(d, logits_rows=0), ValueError, "logits_rows"),
+    ("fused_linear_cross_entropy", "block_v 24", lambda d: FLCE(d, block_v=24), ValueError, "block_v"),
+    ("fused_linear_cross_entropy", "block 8", lambda d: FLCE(d, block=8), ValueError, "block"),
+    ("fused_linear_cross_entropy", "num_splits zero", lambda d: FLCE(d, num_splits=0), ValueError, "num_splits"),
+    ("fused_linear_cross_entropy", "gemm unknown", lambda d: FLCE(d, gemm="cublas"), ValueError, "gemm"),
+    ("fused_linear_cross_entropy", "validate a string", lambda d: FLCE(d, validate="later"), ValueError, "validate"),
+    ("fused_linear_cross_entropy", "loss_out fp16", lambda d: FLCE(d, loss_out=torch.zeros((), dtype=torch.float16, device=d)), TypeError, "loss_out"),
+    ("fused_linear_cross_entropy", "loss_out shape", lambda d: FLCE(d, loss_out=torch.zeros(1, device=d)), ValueError, "loss_out"),
+    ("fused_linear_cross_entropy", "out_dh shape", lambda d: FLCE(d, out_dh=T(4, 9, device=d)), ValueError, "out_dh"),
+    ("fused_linear_cross_entropy", "out_dh dtype", lambda d: FLCE(d, out_dh=T(4, 8, dtype=torch.float16, device=d)), TypeError, "out_dh"),
+    ("fused_linear_cross_entropy", "out_dh strided", lambda d: FLCE(d, out_dh=T(8, 4, device=d).t()), ValueError, "out_dh"),
+    ("fused_linear_cross_entropy", "out_dw shape", lambda d: FLCE(d, out_dw=T(8, 6, device=d)), ValueError, "out_dw"),
+    ("fused_linear_cross_entropy", "out_dw fp32 for fp16 W", lambda d: FLCE(d, dtype=torch.float16, out_dw=T(6, 8, device=d)), TypeError, "out_dw"),
+    ("fused_linear_cross_entropy", "out_dw device", lambda d: FLCE(d, out_dw=torch.zeros(6, 8, device="meta")), ValueError, "out_dw"),
 ]
 
 # Backward passes (issue 20): softmax_backward, bias_gelu_backward, embedding_backward, rope_backward,
@@ -769,6 +827,7 @@ def test_cpu_tensor_without_interpreter_is_refused(op, monkeypatch):
     ("moe_route", lambda d: ROUTE(d, T_=0)[0]),
     ("moe", lambda d: MOE(d, T_=0)),
     ("moe_mxfp4", lambda d: MOEMX(d, T_=0)),
+    ("fused_linear_cross_entropy", lambda d: FLCE(d, N=0)[1]),
     ("moe_route", lambda d: PERM(d, topk_ids=torch.zeros(0, 2, dtype=torch.int32, device=d))[3]),
 ])
 def test_empty_input_gives_empty_output(op, call, dev):
@@ -835,6 +894,51 @@ def test_embedding_unvalidated_bad_ids_give_nan_rows(dev):
     y = kernels.embedding(torch.tensor([3, 4, -2, 0], device=dev), table, validate=False)
     assert torch.equal(y[0], table[3]) and torch.equal(y[3], table[0])
     assert bool(y[1:3].isnan().all())
+
+
+def _flce_bad(d, validate, labels=(0, 7, -100, 9, 2), **kw):
+    """fused_linear_cross_entropy with labels 7 and 9 past V = 6 (and one ignored -100, no error)."""
+    gen = torch.Generator().manual_seed(0)
+    h, W = torch.randn(5, 8, generator=gen).to(d), torch.randn(6, 8, generator=gen).to(d)
+    return kernels.fused_linear_cross_entropy(h, W, torch.tensor(labels, device=d), validate=validate, **kw), (h, W)
+
+
+@pytest.mark.op("fused_linear_cross_entropy")
+def test_fused_linear_cross_entropy_bad_label_is_refused_before_the_gemms(dev):
+    """validate=True: the label kernel counts the labels outside [0, V) that are not ignore_index,
+    and the error names labels, how many and their range before any GEMM runs. An ignore_index
+    that is not a class (-100) is no error, nor is one that is (0: the rows labelled 0 are ignored)."""
+    out_dh = torch.full((5, 8), 7.0, device=dev)
+    with pytest.raises(ValueError, match=r"^labels: expected labels in \[0, 6\) \(the rows of W\) or ignore_index "
+                                         r"\(-100\), got 2 outside \(min 7, max 9\)$"):
+        _flce_bad(dev, True, out_dh=out_dh)
+    assert bool((out_dh == 7.0).all())          # raised before the GEMMs
+    (loss, dh, dw), _ = _flce_bad(dev, True, labels=(0, 5, -100, 3, 0))
+    assert bool(loss.isfinite()) and bool(dh.isfinite().all()) and bool(dw.isfinite().all())
+    h, W = torch.randn(3, 8, device=dev), torch.randn(6, 8, device=dev)
+    kernels.fused_linear_cross_entropy(h, W, torch.tensor([0, 5, 0], device=dev), ignore_index=0)
+
+
+@pytest.mark.op("fused_linear_cross_entropy")
+@pytest.mark.parametrize("validate", [False, "deferred"])
+def test_fused_linear_cross_entropy_unchecked_bad_labels_give_nan(validate, dev):
+    """validate=False or "deferred": the call runs on; a bad label's row gives a NaN loss and a NaN
+    row of dh, hence NaN everywhere in dW (a sum over the rows), the other rows of dh as without
+    that row. "deferred" raises at kernels.raise_deferred_errors(), naming labels and the launcher;
+    False never."""
+    (loss, dh, dw), (h, W) = _flce_bad(dev, validate)
+    assert bool(loss.isnan()) and bool(dw.isnan().all())
+    assert dh.isnan().all(1).tolist() == [False, True, False, True, False]
+    if validate == "deferred":
+        with pytest.raises(ValueError, match='^labels: expected labels in .* an earlier fused_linear_cross_entropy call '
+                                             'with validate="deferred"'):
+            kernels.raise_deferred_errors()
+    kernels.raise_deferred_errors()
+    fixed = torch.tensor([0, -100, -100, -100, 2], device=dev)
+    _, dh_fixed, _ = kernels.fused_linear_cross_entropy(h, W, fixed, reduction="sum")
+    _, dh_sum, _ = kernels.fused_linear_cross_entropy(h, W, torch.tensor([0, 7, -100, 9, 2], device=dev),
+                                                     reduction="sum", validate=False)
+    assert torch.equal(dh_sum[[0, 2, 4]], dh_fixed[[0, 2, 4]])
 
 
 @pytest.mark.op("decode_attention")

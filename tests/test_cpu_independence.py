@@ -22,7 +22,8 @@ from harness import audit, baseline as bl, budgets as budget_file, cpu_spread, g
 from harness.plugin import ROOT
 
 OPS = ("flash_attention", "flash_attention_backward", "decode_attention", "mla_decode", "gated_delta_rule", "matmul",
-       "swiglu", "fp8_matmul", "fp8_matmul_fast_accum", "decoder", "swiglu_backward")
+       "swiglu", "fp8_matmul", "fp8_matmul_fast_accum", "decoder", "swiglu_backward",
+       "fused_linear_cross_entropy")
 CORES = ("Haswell", "Prescott")          # AVX2 FMA kernels and SSE3 ones: different summation orders
 
 

@@ -138,13 +138,15 @@ def _embed(ids, table):
 
 def _drop_last_row(o):
     o = o.clone()
-    o.reshape(-1, o.shape[-1])[-1] = 0
+    if o.dim():             # a 0-d output (a loss) has no row: the op's other outputs show the bug
+        o.reshape(-1, o.shape[-1])[-1] = 0
     return o
 
 
 def _drop_last_col(o):
     o = o.clone()
-    o[..., -1] = 0
+    if o.dim():
+        o[..., -1] = 0
     return o
 
 
@@ -1039,6 +1041,54 @@ SPECIFIC["moe_mxfp4"] = {
     "gate_up_swapped": ({}, lambda i, e: _moe_mx_layer(i, swap=True)),
 }
 
+def _flce(i, *, unscaled_grads=False, ignored_rows_count=False, mean_over_all_rows=False, no_slope=False,
+          dw_rows=None, no_smoothing=False, no_cap=False, label_shift=0):
+    """fused_linear_cross_entropy in float64 NumPy with pluggable bugs: the gradients without the
+    mean's 1/n, rows of ignore_index computed as if their label matched no class, the mean over
+    all N rows, the cap's slope left out of the gradient, dW summed over rows dw_rows only (the
+    last chunk), label smoothing dropped, the cap dropped, every label shifted by one class."""
+    h, W = f64(i["h"]), f64(i["W"])
+    y = f64(i["labels"]).astype(np.int64)
+    N, V = h.shape[0], W.shape[0]
+    eps = 0.0 if no_smoothing else i["label_smoothing"]
+    c = None if no_cap else i["softcap"]
+    z = h @ W.T
+    zc, d = (z, np.ones_like(z)) if c is None else (c * np.tanh(z / c), np.cosh(z / c) ** -2.0)
+    lse = np.log(np.exp(zc - zc.max(-1, keepdims=True)).sum(-1, keepdims=True)) + zc.max(-1, keepdims=True)
+    p = np.exp(zc - lse)
+    counted = y != i["ignore_index"]
+    rows = counted | ignored_rows_count
+    q = np.full_like(z, eps / V)
+    labelled = np.nonzero(counted)[0]
+    q[labelled, (y[labelled] + label_shift) % V] += 1.0 - eps
+    n = N if mean_over_all_rows else max(int(counted.sum()), 1)
+    s = 1.0 / n if i["reduction"] == "mean" else 1.0
+    loss = s * np.where(rows, lse[:, 0] - (q * zc).sum(-1), 0.0).sum()
+    g = np.where(rows[:, None], (p - q) * (1.0 if no_slope else d), 0.0) * (1.0 if unscaled_grads else s)
+    gw = g if dw_rows is None else np.where(np.isin(np.arange(N), dw_rows)[:, None], g, 0.0)
+    return torch.tensor(float(loss), dtype=torch.float64), tensor(g @ W), tensor(gw.T @ h)
+
+
+def _last_chunk(i):
+    """The rows of the launcher's last chunk (its default plan)."""
+    from kernels.cross_entropy import plan_chunks
+    N, H = i["h"].shape
+    C, _ = plan_chunks(N, i["W"].shape[0], H, i["h"].element_size())
+    return np.arange((N - 1) // C * C, N)
+
+
+SPECIFIC["fused_linear_cross_entropy"] = {
+    "gradients_without_the_mean": ({}, lambda i, e: _flce(i, unscaled_grads=True)),
+    "ignored_rows_contribute": ({}, lambda i, e: _flce(i, ignored_rows_count=True)),
+    "mean_over_all_rows": ({}, lambda i, e: _flce(i, mean_over_all_rows=True)),
+    "cap_slope_dropped": (dict(softcap=2.0), lambda i, e: _flce(i, no_slope=True)),
+    "cap_dropped": (dict(softcap=30.0), lambda i, e: _flce(i, no_cap=True)),
+    "dw_of_the_last_chunk_only": ({}, lambda i, e: _flce(i, dw_rows=_last_chunk(i))),
+    "smoothing_dropped": (dict(smoothing=0.1), lambda i, e: _flce(i, no_smoothing=True)),
+    "label_off_by_one": ({}, lambda i, e: _flce(i, label_shift=1)),
+}
+
+
 # Default case shape per op family: big enough for every mutant to show.
 BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rmsnorm_backward": (5, 64),
         "layernorm_backward": (5, 64), "add_rmsnorm_backward": (5, 64), "rope": (2, 3, 4, 64),
@@ -1054,6 +1104,7 @@ BASE = {"rmsnorm": (5, 64), "layernorm": (5, 64), "add_rmsnorm": (5, 64), "rmsno
         "gated_delta_rule": (2, 70, 2, 4, 16, 12),              # Hv / Hk 2 with Hk 2 (the head map shows), 2 chunks
         "moe_route": (24, 8),                                   # 72 entries over 8 experts, blocks of 4
         "moe": (24, 40, 24, 8),                                 # T 24, H 40, I 24, E 8
+        "fused_linear_cross_entropy": (24, 300, 32),            # N 24: two chunks of the default plan
         "moe_mxfp4": (24, 96, 64, 8),                           # T 24, H 96 (a partial K tile), I 64, E 8
         "softmax_backward": (2, 7, 12), "bias_gelu_backward": (40, 64),
         "embedding_backward": (24, 16),                         # 24 tokens over 10 ids: repeats
@@ -1077,6 +1128,11 @@ BASE_PARAMS = {"softmax": dict(scale=0.7), "softmax_backward": dict(scale=0.7), 
                "moe_route": dict(top_k=3, block=4, renorm=True, scaling=2.5),
                "moe": dict(top_k=2), "moe_mxfp4": dict(top_k=2)}
 
+
+# The kernel config of an op's mutant cases where it is not "auto" (per dtype): the control of
+# fused_linear_cross_entropy's bf16 mutants runs torch's GEMMs, which the interpreter runs (its
+# Triton GEMMs' bf16 tl.dot is a declared gap), so that the bf16 budget meets its mutants there.
+CONFIGS = {"fused_linear_cross_entropy": {"bfloat16": "torch_mm"}}
 
 _CONTROLS: dict = {}
 
@@ -1107,7 +1163,7 @@ def test_wrong_output_rejected(op, mutant, spec, wrong, dtype, backend, budgets)
     shape = spec.pop("shape", BASE[op])
     values = spec.pop("values", "normal")
     params = {**BASE_PARAMS.get(op, {}), **spec}
-    case = Case.make(op, dtype, shape, values=values, seed=11, **params)
+    case = Case.make(op, dtype, shape, values=values, seed=11, config=CONFIGS.get(op, {}).get(dtype, "auto"), **params)
 
     control = _control(case, backend, budgets)
     assert control.passed, "the real kernel must pass the case the mutant is judged on:\n" + control.failure_message()
