@@ -116,6 +116,20 @@ def activation_grad(z, ACT: tl.constexpr):
 
 
 @triton.jit
+def times_activation_grad(up, z, ACT: tl.constexpr):
+    """up * act'(z): the chain rule's product, with its limit where an infinite upstream factor
+    meets a slope that underflowed to 0 at a very negative finite z (below -5 the gelu, gelu_tanh
+    and silu slopes are tiny negatives; fp32, and on a GPU the flush of subnormals to zero, make
+    them 0, and inf * 0 would be NaN where the exact product is -up)."""
+    g = activation_grad(z, ACT)
+    if ACT == "gelu" or ACT == "gelu_tanh" or ACT == "silu":
+        lost = (g == 0.0) & (tl.abs(up) == float("inf")) & (z < -5.0) & (z > float("-inf"))
+        return tl.where(lost, -up, up * g)
+    else:
+        return up * g
+
+
+@triton.jit
 def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """(pid_m, pid_n) of GEMM tile `pid` in grouped order: GROUP_M row tiles x all column
     tiles per group, column-major inside it, so the tiles running at the same time share their

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._device import activate, activation_grad, kahan_add, row_offsets
+from kernels._device import activate, kahan_add, row_offsets, times_activation_grad
 from kernels._launch import (check_count, check_same_device, check_same_dtype, check_shape, check_tensor,
                              leading_layout, new_out)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
@@ -151,7 +151,7 @@ def _bias_gelu_backward_kernel(dout_ptr, y_ptr, b_ptr, dy_ptr, part_ptr, n_rows,
         x = tl.load(y_ptr + y_off, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             x = x + b
-        d = dout * activation_grad(x, ACT)        # ACT: "gelu" or "gelu_tanh"
+        d = times_activation_grad(dout, x, ACT)        # ACT: "gelu" or "gelu_tanh"
         tl.store(dy_ptr + (rows * N)[:, None] + cols[None, :], d.to(dy_ptr.dtype.element_ty), mask=mask)
         if HAS_BIAS:
             acc, comp = kahan_add(acc, comp, tl.where(mask, d, 0.0))

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._device import activate, activation_grad, gemm_tile, grouped_tile
+from kernels._device import activate, gemm_tile, grouped_tile, times_activation_grad
 from kernels._launch import allocate, check_same_device, check_same_dtype, check_tensor, interpreting, new_out
 from kernels._reduce import partials, sum_row_groups
 
@@ -465,7 +465,7 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, par
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     dy = tl.load(dy_ptr + offs_m.to(tl.int64)[:, None] * sdym + offs_n[None, :] * sdyn, mask=mask,
                  other=0.0).to(tl.float32)
-    dz_gate = tl.where(mask, dy * acc_u * activation_grad(acc_g, ACT), 0.0)
+    dz_gate = tl.where(mask, times_activation_grad(dy * acc_u, acc_g, ACT), 0.0)
     dz_up = tl.where(mask, dy * activate(acc_g, ACT), 0.0)
     dz_row = dz_ptr + offs_m.to(tl.int64)[:, None] * (2 * N) + offs_n[None, :]
     tl.store(dz_row, dz_gate, mask=mask)

@@ -58,6 +58,14 @@ def gelu_slope(x, approximate="none"):
     return torch.where(x == math.inf, 1.0, torch.where(x == -math.inf, 0.0, slope))
 
 
+def times_slope(up, x, slope):
+    """up * slope (the chain rule), with the product's limit where an infinite up meets a slope
+    that float64 itself underflowed to 0 at a finite x far below 0: every slope here (GELU's, the
+    tanh GELU's, SiLU's) is a tiny negative there, so the product is -up, not inf * 0 = NaN."""
+    lost = (slope == 0) & torch.isinf(up) & torch.isfinite(x) & (x < -5)
+    return torch.where(lost, -up, up * slope)
+
+
 @one_thread
 def bias_gelu_backward(dout, y, bias=None, approximate="none"):
     """(dy, dbias): dy = dout * gelu'(y + bias), gelu' 1 at +inf and 0 at -inf; dbias the sum of dy over
@@ -65,6 +73,6 @@ def bias_gelu_backward(dout, y, bias=None, approximate="none"):
     x = f64(y)
     if bias is not None:
         x = x + f64(bias)
-    dy = f64(dout) * gelu_slope(x, approximate)
+    dy = times_slope(f64(dout), x, gelu_slope(x, approximate))
     rows = dy.reshape(dy.shape[:-1].numel(), dy.shape[-1])
     return dy, (rows.sum(0) if bias is not None else None)

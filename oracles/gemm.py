@@ -9,7 +9,7 @@ import math
 import torch
 
 from oracles._torch import f64, one_thread
-from oracles.activations import gelu_slope
+from oracles.activations import gelu_slope, times_slope
 
 
 def activate(z, activation):
@@ -84,7 +84,7 @@ def swiglu_backward(dy, x, w_gate, w_up, b_gate=None, b_up=None, activation="sil
     d = f64(dy)
     N, K = wg.shape
     M = math.prod(xn.shape[:-1])
-    dz_gate = (d * zu * activation_slope(zg, activation)).reshape(M, N)
+    dz_gate = times_slope(d * zu, zg, activation_slope(zg, activation)).reshape(M, N)
     dz_up = (d * activate(zg, activation)).reshape(M, N)
     rows = xn.reshape(M, K)
     dx = (linear(dz_gate, wg.t()) + linear(dz_up, wu.t())).reshape(xn.shape)

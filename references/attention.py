@@ -77,18 +77,23 @@ def flash_attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seq
     return out, lse
 
 
-
 def flash_attention_backward(q, k, v, do, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """What a PyTorch user gets for the gradients (dq, dk, dv) of out: torch.autograd through
     flash_attention above (SDPA's backward in the input dtype) for the upstream gradient do.
-    Inputs that out does not depend on (varlen padding, empty batches) get zeros."""
+    Inputs that out does not depend on (varlen padding, empty batches) get zeros.
+    Made robust as the forward is: do as a fresh copy, and SDPA kept off its cuDNN backend, whose
+    backward broke the CUDA context on an H200 (2026-11-25: "mha_graph.execute ... is_good()" and
+    misaligned addresses, sliced and offset inputs, causal=False, fp16 and bf16)."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    with torch.enable_grad():
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with torch.enable_grad(), sdpa_kernel(backends):
         out, _ = flash_attention(*leaves, causal, scale, cu_seqlens_q, cu_seqlens_k)
     if not out.requires_grad:
         return tuple(torch.zeros_like(t) for t in leaves)
+    do = do.clone(memory_format=torch.contiguous_format)
     grads = torch.autograd.grad(out, leaves, do, allow_unused=True)
     return tuple(torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads))
+
 
 def decode_attention(q, k_cache, v_cache, seqlens, scale=None, block_table=None):
     """q [B, Hq, D]; caches [B, Tmax, Hkv, D], or with block_table [B, max_blocks] paged caches
