@@ -5,8 +5,10 @@ import datetime
 import os
 import platform
 import re
+import statistics
 import subprocess
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -22,6 +24,36 @@ def bench(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def timed(fn) -> float:
+    """bench(fn) on a GPU. Without one (a bench's smoke run through Triton's interpreter): the
+    perf_counter median of 3 calls in milliseconds, after one untimed call; not a measurement."""
+    if torch.cuda.is_available():
+        return bench(fn)
+    fn()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def peak_memory(fn):
+    """(peak bytes allocated while fn runs, the same minus what was allocated before it): fn's
+    own allocations at their peak, its results included. (None, None) without a GPU (fn runs)."""
+    if not torch.cuda.is_available():
+        fn()
+        return None, None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return peak, peak - before
 
 
 def cuda_graph(fn):
@@ -61,14 +93,23 @@ def attempt(label: str, fn):
         print(f"  {label}: {ERRORS[label][:200]}", flush=True)
         if not isinstance(exc, torch.cuda.OutOfMemoryError):
             traceback.print_exc(limit=2)
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
         return None
 
 
 def meta(**extra) -> dict:
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    device = (torch.cuda.get_device_name() if torch.cuda.is_available()
+              else "CPU (Triton interpreter; not a measurement)")
+    return {"device": device, "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "date": datetime.date.today().isoformat(), **extra}
+
+
+def gpu_folder() -> str:
+    """results/ folder of this device, as the benches' results are filed: NVIDIA H200 -> gpu-h200."""
+    words = [w for w in torch.cuda.get_device_name().split() if w.upper() not in ("NVIDIA", "TESLA")]
+    return "gpu-" + (words[0].lower() if words else "unknown")
 
 
 def ptxas_usage(compiled) -> str:
