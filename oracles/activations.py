@@ -42,14 +42,19 @@ def _exact_slope(x):
 
 
 def _tanh_slope(x):
-    """d/dx 0.5 x (1 + tanh(u)) = 0.5 (1 + tanh(u)) + 0.5 x u' (1 - tanh(u)^2), with 1 - tanh^2 taken as
-    1 / cosh^2 and, for u < 0, 1 + tanh(u) as e^u / cosh(u) (no cancellation)."""
+    """d/dx 0.5 x (1 + tanh(u)) = 0.5 (1 + tanh(u)) + 0.5 x u' (1 - tanh(u)^2). For u >= 0, 1 - tanh^2
+    is 1 / cosh^2. For u < 0 both terms are written with t = e^(2u) in (0, 1]: 1 + tanh(u) = 2t / (1 + t)
+    and 1 - tanh^2 = 4t / (1 + t)^2, so the slope is t / (1 + t) (1 + 2 x u' / (1 + t)): no cancellation,
+    and its sign holds where t is tiny (cosh(u)^2 overflowing while e^u / cosh(u) did not made the
+    slope a tiny positive for u in about (-372, -355); an H200 run of bias_gelu_backward caught it)."""
     c = math.sqrt(2.0 / math.pi)
     u = c * (x + 0.044715 * x ** 3)
     du = c * (1.0 + 3 * 0.044715 * x ** 2)
-    neg = torch.clamp(u, max=0.0)
-    one_plus_tanh = torch.where(u >= 0, 1.0 + torch.tanh(u), torch.exp(neg) / torch.cosh(neg))
-    return 0.5 * one_plus_tanh + 0.5 * x * du / torch.cosh(u) ** 2
+    pos = torch.clamp(u, min=0.0)
+    t = torch.exp(2.0 * torch.clamp(u, max=0.0))    # NaN stays NaN
+    above = 0.5 * (1.0 + torch.tanh(pos)) + 0.5 * x * du / torch.cosh(pos) ** 2
+    below = t / (1.0 + t) * (1.0 + 2.0 * x * du / (1.0 + t))
+    return torch.where(u >= 0, above, below)
 
 
 def gelu_slope(x, approximate="none"):

@@ -123,14 +123,16 @@ def test_bias_gelu_backward_of_an_infinite_dout_where_the_slope_underflows(appro
     """Far below 0 the slope is a tiny negative that fp32 (and a GPU's flush of subnormals) makes
     0: an infinite dout there gives -dout, as the oracle has it, not inf * 0 = NaN (an H200 gave NaN
     at y + bias about -13.4, where the slope is subnormal in fp32). At y = -inf the slope's limit is
-    0 and the product is NaN in both."""
+    0 and the product is NaN in both. (-21.3: the tanh slope's u is about -362, where the oracle's
+    float64 slope once came out a tiny positive.)"""
     dev = backend.device
-    y = torch.tensor([[-6.0, -13.4, -20.0, -100.0, -float("inf")]] * 2, device=dev)
-    dout = torch.tensor([[float("inf")] * 5, [-float("inf")] * 5], device=dev)
+    y = torch.tensor([[-6.0, -13.4, -20.0, -21.3, -100.0, -float("inf")]] * 2, device=dev)
+    dout = torch.tensor([[float("inf")] * 6, [-float("inf")] * 6], device=dev)
     dy, _ = kernels.bias_gelu_backward(dout, y, approximate=approximate)
     want, _ = oracles.bias_gelu_backward(dout, y, approximate=approximate)
-    assert torch.equal(dy[:, :4].cpu(), (-dout[:, :4]).cpu()) and torch.equal(want[:, :4].cpu(), -dout[:, :4].double().cpu())
-    assert bool(dy[:, 4].isnan().all()) and bool(want[:, 4].isnan().all())
+    assert torch.equal(dy[:, :5].cpu(), (-dout[:, :5]).cpu())
+    assert torch.equal(want[:, :5].cpu(), -dout[:, :5].double().cpu())
+    assert bool(dy[:, 5].isnan().all()) and bool(want[:, 5].isnan().all())
 
 
 # ---------------------------------------------------------------- embedding
