@@ -48,13 +48,13 @@ class _Capture:
 
 def specialisation(fn, args, kw):
     """(ASTSource, options) of one launch, as the JIT specialises it."""
-    skip = {fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize}
+    unspecialised = {fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize}
     sig, constexprs, attrs = {}, {}, {}
     values = dict(zip(fn.arg_names, args)) | {k: v for k, v in kw.items() if k in fn.arg_names}
     for i, name in enumerate(fn.arg_names):
         a = values[name]
         is_int = isinstance(a, int) and not isinstance(a, bool)
-        if fn.params[i].is_constexpr or a is None or (is_int and a == 1 and name not in skip):
+        if fn.params[i].is_constexpr or a is None or (is_int and a == 1 and name not in unspecialised):
             sig[name], constexprs[name] = "constexpr", a
         elif isinstance(a, torch.Tensor):
             sig[name] = "*" + POINTEE[a.dtype]
@@ -64,7 +64,7 @@ def specialisation(fn, args, kw):
             sig[name] = "fp32"
         else:
             sig[name] = "i32" if -2**31 <= a < 2**31 else "i64"
-            if a % 16 == 0 and name not in skip:
+            if a % 16 == 0 and name not in unspecialised:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     options = {k: kw[k] for k in ("num_warps", "num_stages") if k in kw}
     return ASTSource(fn, sig, constexprs, attrs), options
