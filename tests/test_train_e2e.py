@@ -234,14 +234,14 @@ def run_training(budget: Budget, dtype: str, device, *, tied: bool = False, step
             raise TrainCheckFailed(step, what, text + footer.format(step))
         return usage, name
 
-    for step in range(steps):
+    for step in range(1, steps + 1):          # AdamW's count: the update of step 1 is the first
         for p in ours.values():
             p.grad = None
         loss = train.loss(model, ids, labels)
         loss.backward()
         # the float64 truth along its own trajectory, and at our parameters
         at_star = twin.evaluate(config, {k: p.detach() for k, p in star.items()}, ids, labels)
-        at_ours = at_star if step == 0 else twin.evaluate(config, {k: p.detach() for k, p in ours.items()}, ids,
+        at_ours = at_star if step == 1 else twin.evaluate(config, {k: p.detach() for k, p in ours.items()}, ids,
                                                          labels)
         row = {"step": step}
 
@@ -277,7 +277,7 @@ def run_training(budget: Budget, dtype: str, device, *, tied: bool = False, step
         judged = []
         for k, p in ours.items():
             state = opt_star.state[star[k]]
-            parts = bounds[k].step(step + 1, at_star.grads[k], deltas[k], state["exp_avg"], state["exp_avg_sq"],
+            parts = bounds[k].step(step, at_star.grads[k], deltas[k], state["exp_avg"], state["exp_avg_sq"],
                                    before[k], star[k].detach(), budget.store_u)
             judged.append((k, p.detach().to(torch.float64), star[k].detach(), bounds[k].allowed,
                            lambda i, parts=parts: " + ".join(f"{n} {v.reshape(-1)[i].item():.3g}"
@@ -363,14 +363,14 @@ PLANTS = {"gqa_sum_dropped": (kernels.FlashAttentionFunction, _gqa_sum_dropped, 
 
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_planted_bug_fails_the_gradient_check(plant, backend, budgets, monkeypatch):
-    """Each planted bug fails at step 0, worst on the gradient of a weight it breaks directly (the q, k,
+    """Each planted bug fails at step 1, worst on the gradient of a weight it breaks directly (the q, k,
     v projection's; the norm's weight), at thousands of times the budget."""
     function, broken, first = PLANTS[plant]
     monkeypatch.setattr(function, "backward", staticmethod(broken))
     with pytest.raises(TrainCheckFailed) as failure:
         run_training(compose(budgets, "float32", backend.name, SIZES["layers"]), "float32", backend.device, steps=1)
     e = failure.value
-    assert (e.step, e.what) == (0, "gradient"), str(e)
+    assert (e.step, e.what) == (1, "gradient"), str(e)
     assert first in str(e).split(":")[0], str(e)
     assert float(str(e).split("error/allowed = ")[1].split()[0]) > 1e3, str(e)
 
@@ -385,7 +385,7 @@ def test_planted_bug_fails_the_parameters_alone(plant, backend, budgets, monkeyp
         run_training(compose(budgets, "float32", backend.name, SIZES["layers"]), "float32", backend.device, steps=2,
                      check_grads=False)
     e = failure.value
-    assert (e.step, e.what) == (0, "parameter"), str(e)
+    assert (e.step, e.what) == (1, "parameter"), str(e)
 
 
 def test_adamw_cannot_see_a_gradient_scaled_per_tensor(backend, budgets, monkeypatch):
