@@ -46,6 +46,7 @@ MAX_W = {"small": 1 << 17, "large": 1 << 24}
 GRAD_FLOOR = {torch.float32: torch.finfo(torch.float32).smallest_normal,
               torch.float16: torch.finfo(torch.float16).smallest_normal / 2.0 ** 15,
               torch.bfloat16: torch.finfo(torch.bfloat16).smallest_normal}
+FP32_SUBNORMAL = 2.0 ** -149          # the spacing of fp32's subnormals
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}   # unit roundoff
 # The loss is fp32 in every dtype, and one budget per dtype serves all three outputs: a 16-bit
 # dtype's rtol, 4 of its own units (sized for dh and dW), reads as LOSS_UNITS[dtype] x 4 fp32
@@ -124,9 +125,16 @@ class FusedLinearCrossEntropy(Op):
         dtype = inp["h"].dtype
         mags = oracles.fused_linear_cross_entropy_magnitudes(*self._args(inp), **self._kw(inp),
                                                              floor=GRAD_FLOOR[dtype])
-        (loss_value, loss_bound), *grads = mags
+        (loss_value, loss_bound), (dh_value, dh_bound), (dw_value, dw_bound) = mags
         loss = Magnitudes(value=loss_value * LOSS_UNITS[dtype], bound=loss_bound)
-        return (loss, *(Magnitudes(value=v, bound=b) for v, b in grads))
+        # fp32 underflow, absolute (extra): a GEMM product below fp32's smallest normal rounds by up
+        # to half a subnormal spacing, which no relative term covers (sums of subnormals are exact):
+        # (terms + 1) x 2^-149, dh summing over V and dW over N. An H200 run's dW of `tiny` fp32
+        # inputs was off by 2.5-5.5 spacings, over an atol of 2.
+        n_rows, vocab = inp["h"].shape[0], inp["W"].shape[0]
+        dh = Magnitudes(value=dh_value, bound=dh_bound, extra=torch.tensor((vocab + 1) * FP32_SUBNORMAL))
+        dw = Magnitudes(value=dw_value, bound=dw_bound, extra=torch.tensor((n_rows + 1) * FP32_SUBNORMAL))
+        return loss, dh, dw
 
     def cases(self, dtype, size, config):
         @st.composite
