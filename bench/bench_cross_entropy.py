@@ -34,7 +34,6 @@ import argparse
 import inspect
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,7 +47,7 @@ if not ON_GPU:
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ERRORS, attempt, bench, meta, tflops  # noqa: E402
+from bench.common import ERRORS, attempt, gpu_folder, meta, peak_memory, tflops, timed  # noqa: E402
 import kernels  # noqa: E402
 
 try:
@@ -121,62 +120,6 @@ def sync():
         torch.cuda.synchronize()
 
 
-def timed(fn) -> float:
-    if ON_GPU:
-        return bench(fn)
-    fn()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
-def peak_memory(fn):
-    """(peak bytes allocated during fn, the same minus what was allocated before it); None on the CPU."""
-    if not ON_GPU:
-        return None, None
-    sync()
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    sync()
-    peak = torch.cuda.max_memory_allocated()
-    return peak, peak - before
-
-
-def guarded(label, fn):
-    """fn() or None, the error kept under label in ERRORS (common.attempt on a GPU)."""
-    if ON_GPU:
-        return attempt(label, fn)
-    try:
-        return fn()
-    except Exception as exc:
-        text = str(exc).strip().splitlines()
-        ERRORS[label] = f"{type(exc).__name__}: {text[0] if text else ''}"
-        print(f"  {label}: {ERRORS[label][:200]}", flush=True)
-        return None
-
-
-def run_meta(**extra) -> dict:
-    if ON_GPU:
-        return meta(**extra)
-    import datetime
-    import platform
-    import triton
-    return {"device": "CPU (Triton interpreter, fp32; not a measurement)", "torch": torch.__version__,
-            "triton": triton.__version__, "python": platform.python_version(),
-            "date": datetime.date.today().isoformat(), **extra}
-
-
-def gpu_folder() -> str:
-    """results/ folder of this device, as the other benches' results are filed: NVIDIA H200 -> gpu-h200."""
-    words = [w for w in torch.cuda.get_device_name().split() if w.upper() not in ("NVIDIA", "TESLA")]
-    return "gpu-" + (words[0].lower() if words else "unknown")
-
-
 def rel_err(x, ref):
     if x is None or ref is None:
         return None
@@ -230,7 +173,7 @@ def run_row(tag, N, V, H):
             continue
         label = f"{tag} {name}"
         t0 = time.perf_counter()
-        loss = guarded(f"{label} (first call)", lambda: step(fn, h, W, labels))      # compiles
+        loss = attempt(f"{label} (first call)", lambda: step(fn, h, W, labels))      # compiles
         if loss is None:
             peer["error"] = ERRORS.get(f"{label} (first call)")
             continue
@@ -241,10 +184,10 @@ def run_row(tag, N, V, H):
         peer["rel_err_vs_eager"] = {k: rel_err(x, r) for k, x, r in zip(("loss", "dh", "dW"), got, ref or got)}
         del got, loss
         h.grad = W.grad = None
-        mem = guarded(f"{label} (memory)", lambda: peak_memory(lambda: step(fn, h, W, labels)))
+        mem = attempt(f"{label} (memory)", lambda: peak_memory(lambda: step(fn, h, W, labels)))
         peer["peak_bytes"], peer["peak_bytes_over_inputs"] = mem if mem else (None, None)
         h.grad = W.grad = None
-        ms = guarded(label, lambda: timed(lambda: step(fn, h, W, labels)))
+        ms = attempt(label, lambda: timed(lambda: step(fn, h, W, labels)))
         peer["ms"] = ms
         if ms:
             peer["tflops"] = tflops(flops, ms)
@@ -339,7 +282,7 @@ def main(argv=None):
     rows = [run_row(tag, *shape) for tag, shape in shapes.items()]
     timing = ("triton.testing.do_bench median, warmup 25 ms, rep 200 ms" if ON_GPU
               else "perf_counter median of 3 calls")
-    info = run_meta(dtype=str(DT).replace("torch.", ""), timing=timing, liger_kernel=liger_version(),
+    info = meta(dtype=str(DT).replace("torch.", ""), timing=timing, liger_kernel=liger_version(),
                     shapes={t: dict(zip(("N", "V", "H"), s)) for t, s in shapes.items()}, quick=quick,
                     ignored_fraction=IGNORED)
     lines = markdown(rows, info)

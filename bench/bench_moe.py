@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import zlib
@@ -48,7 +47,8 @@ if not ON_GPU:
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ERRORS, attempt, bench, copy_ceiling, cuda_graph, gbps, meta, tflops  # noqa: E402
+from bench.common import (ERRORS, attempt, copy_ceiling, cuda_graph, gbps, gpu_folder, meta,  # noqa: E402
+                          tflops, timed)
 import kernels  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -124,54 +124,12 @@ def sync():
         torch.cuda.synchronize()
 
 
-def timed(fn) -> float:
-    if ON_GPU:
-        return bench(fn)
-    fn()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
-def guarded(label, fn):
-    """fn() or None, the error kept under label in ERRORS (common.attempt on a GPU)."""
-    if ON_GPU:
-        return attempt(label, fn)
-    try:
-        return fn()
-    except Exception as exc:
-        text = str(exc).strip().splitlines()
-        ERRORS[label] = f"{type(exc).__name__}: {text[0] if text else ''}"
-        print(f"  {label}: {ERRORS[label][:200]}", flush=True)
-        return None
-
-
 def ceiling() -> float:
     if ON_GPU:
         return copy_ceiling()
     src = torch.empty(2**26, dtype=torch.uint8)
     dst = torch.empty_like(src)
     return gbps(2 * src.numel(), timed(lambda: dst.copy_(src)))
-
-
-def run_meta(**extra) -> dict:
-    if ON_GPU:
-        return meta(**extra)
-    import datetime
-    import platform
-    import triton
-    return {"device": "CPU (Triton interpreter, fp32; not a measurement)", "torch": torch.__version__,
-            "triton": triton.__version__, "python": platform.python_version(),
-            "date": datetime.date.today().isoformat(), **extra}
-
-
-def gpu_folder() -> str:
-    """results/ folder of this device, as the other benches' results are filed: NVIDIA H200 -> gpu-h200."""
-    words = [w for w in torch.cuda.get_device_name().split() if w.upper() not in ("NVIDIA", "TESLA")]
-    return "gpu-" + (words[0].lower() if words else "unknown")
 
 
 def graph_breaks() -> int:
@@ -213,11 +171,11 @@ def run_model(model, E, k, H, I, wanted, copy):
     w2 = torch.randn(E, H, I, device=DEVICE, dtype=DT, generator=g).mul_(I ** -0.5)
     mx = None
     if hasattr(kernels, "moe_mxfp4"):
-        mx = guarded(f"{model} quantize_mxfp4", lambda: (*kernels.quantize_mxfp4(w13), *kernels.quantize_mxfp4(w2)))
+        mx = attempt(f"{model} quantize_mxfp4", lambda: (*kernels.quantize_mxfp4(w13), *kernels.quantize_mxfp4(w2)))
     # The bf16 weights the mxfp4 codes stand for (exact): the eager loop on them checks moe_mxfp4.
     mx_deq = None
     if mx is not None:
-        mx_deq = guarded(f"{model} dequantize_mxfp4", lambda: (kernels.dequantize_mxfp4(mx[0], mx[1], DT),
+        mx_deq = attempt(f"{model} dequantize_mxfp4", lambda: (kernels.dequantize_mxfp4(mx[0], mx[1], DT),
                                                                kernels.dequantize_mxfp4(mx[2], mx[3], DT)))
     out = []
     for tag, phase, kind, T in rows:
@@ -250,8 +208,8 @@ def run_row(tag, model, phase, kind, T, E, k, H, I, w13, w2, mx, mx_deq, copy):
     print(f"{tag}: {touched} experts touched, entries per expert {row['entries_per_expert_min']}-"
           f"{row['entries_per_expert_max']}", flush=True)
 
-    ref = guarded(f"{tag} eager loop (check)", lambda: eager_moe(x, w13, w2, ids, tw))
-    y_ours = guarded(f"{tag} ours (check)", lambda: kernels.moe(x, w13, w2, ids, tw))
+    ref = attempt(f"{tag} eager loop (check)", lambda: eager_moe(x, w13, w2, ids, tw))
+    y_ours = attempt(f"{tag} ours (check)", lambda: kernels.moe(x, w13, w2, ids, tw))
     err_ours = rel_err(y_ours, ref)
     del y_ours
 
@@ -278,7 +236,7 @@ def run_row(tag, model, phase, kind, T, E, k, H, I, w13, w2, mx, mx_deq, copy):
         compile_info["compile_and_first_calls_s"] = time.perf_counter() - t0
         compile_info["graph_breaks"] = graph_breaks() - before
         return y
-    y_comp = guarded(f"{tag} torch.compile (compile)", warm_compiled)
+    y_comp = attempt(f"{tag} torch.compile (compile)", warm_compiled)
     compile_ok = y_comp is not None
     compile_info["max_rel_err_vs_eager"] = rel_err(y_comp, ref)
     del y_comp
@@ -291,7 +249,7 @@ def run_row(tag, model, phase, kind, T, E, k, H, I, w13, w2, mx, mx_deq, copy):
     if ON_GPU and phase == "decode":
         # GPU time of the same call (do_bench of a short call measures the host's launches):
         # captured once in a CUDA graph, as a serving loop runs decode (validate=False: no sync).
-        graph = guarded(f"{tag} ours, CUDA graph (capture)",
+        graph = attempt(f"{tag} ours, CUDA graph (capture)",
                         lambda: cuda_graph(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False)))
         fns["ours, CUDA graph"] = graph
     err_mx = None
@@ -299,8 +257,8 @@ def run_row(tag, model, phase, kind, T, E, k, H, I, w13, w2, mx, mx_deq, copy):
         def ours_mx():
             return kernels.moe_mxfp4(x, mx[0], mx[1], mx[2], mx[3], ids, tw)
         fns["ours mxfp4"] = ours_mx
-        y_mx = guarded(f"{tag} ours mxfp4 (check)", ours_mx)
-        ref_mx = guarded(f"{tag} eager loop on dequantised mxfp4 (check)",
+        y_mx = attempt(f"{tag} ours mxfp4 (check)", ours_mx)
+        ref_mx = attempt(f"{tag} eager loop on dequantised mxfp4 (check)",
                          lambda: eager_moe(x, mx_deq[0], mx_deq[1], ids, tw)) if mx_deq is not None else None
         err_mx = rel_err(y_mx, ref_mx)
         row["mxfp4_max_rel_err_vs_bf16_eager"] = rel_err(y_mx, ref)    # the quantisation's own error too
@@ -309,7 +267,7 @@ def run_row(tag, model, phase, kind, T, E, k, H, I, w13, w2, mx, mx_deq, copy):
 
     for name, fn in fns.items():
         label = f"{tag} {name}"
-        ms = guarded(label, lambda: timed(fn)) if fn is not None else None
+        ms = attempt(label, lambda: timed(fn)) if fn is not None else None
         peer = {"ms": ms}
         if ms:
             nbytes = row["bytes_mxfp4"] if name == "ours mxfp4" else row["bytes"]
@@ -431,7 +389,7 @@ def main(argv=None):
         sys.exit(f"bench_moe: no row matches --shapes {args.shapes!r}")
     timing = ("triton.testing.do_bench median, warmup 25 ms, rep 200 ms" if ON_GPU
               else "perf_counter median of 3 calls")
-    info = run_meta(copy_gbps=copy, dtype=str(DT).replace("torch.", ""), timing=timing, routing=ROUTING,
+    info = meta(copy_gbps=copy, dtype=str(DT).replace("torch.", ""), timing=timing, routing=ROUTING,
                     models={m: dict(zip(("E", "top_k", "H", "I"), v)) for m, v in models.items()},
                     moe_mxfp4=hasattr(kernels, "moe_mxfp4"), quick=QUICK_SHAPES, shapes_filter=args.shapes)
     lines = markdown(rows, info, copy, models)
