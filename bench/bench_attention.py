@@ -28,7 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ERRORS, attempt, bench, copy_ceiling, gbps  # noqa: E402
+from bench.common import ERRORS, attempt, bench, copy_ceiling, fmt, gbps  # noqa: E402
 
 try:
     import kernels  # noqa: E402  (the GPU backend: TRITON_INTERPRET is not set)
@@ -234,14 +234,6 @@ def memory(g):
     del q, k, v
     torch.cuda.empty_cache()
     return row
-
-
-def fmt(x, digits=0):
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return str(x)
-    return f"{x:.{digits}f}" if digits else f"{x:.0f}"
 
 
 def fmt_bytes(x):

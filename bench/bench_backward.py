@@ -57,7 +57,8 @@ if not ON_GPU:
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ERRORS, attempt, copy_ceiling, gbps, gpu_folder, meta, peak_memory, tflops, timed  # noqa: E402
+from bench.common import (ERRORS, attempt, copy_ceiling, fmt, gbps, gpu_folder, meta, peak_memory,  # noqa: E402
+                          tflops, timed)
 import kernels  # noqa: E402
 import references  # noqa: E402
 from references.rope import _cos_sin  # noqa: E402  (HF's cos/sin tables, for Liger's RoPE)
@@ -492,10 +493,6 @@ def run_case(case, copy):
 # ---------------------------------------------------------------------------------------------
 # Output
 # ---------------------------------------------------------------------------------------------
-
-def fmt(v, digits=0):
-    return "-" if v is None else f"{v:.{digits}f}"
-
 
 def mib(b):
     return "-" if b is None else f"{b / 2**20:.0f}"

@@ -47,7 +47,7 @@ if not ON_GPU:
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ERRORS, attempt, gpu_folder, meta, peak_memory, tflops, timed  # noqa: E402
+from bench.common import ERRORS, attempt, fmt, gpu_folder, meta, peak_memory, tflops, timed  # noqa: E402
 import kernels  # noqa: E402
 
 try:
@@ -214,14 +214,6 @@ def run_row(tag, N, V, H):
 # Output
 # ---------------------------------------------------------------------------------------------
 
-def fmt(v, kind="f0"):
-    if v is None:
-        return "-"
-    if kind == "e":
-        return f"{v:.1e}"
-    return f"{v:.{kind[1:]}f}"
-
-
 def fmt_gb(b):
     return "-" if b is None else f"{b / 2**30:.2f} GiB"
 
@@ -246,12 +238,12 @@ def markdown(rows, info):
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for name, p in r["peers"].items():
-            ms = fmt(p.get("ms"), "f2") if p.get("ms") else f"failed: {(p.get('error') or '')[:80]}"
+            ms = fmt(p.get("ms"), 2) if p.get("ms") else f"failed: {(p.get('error') or '')[:80]}"
             e = p.get("rel_err_vs_eager") or {}
-            lines.append(f"| {r['tag']} | {name} | {ms} | {fmt(p.get('tflops'), 'f0')} | {fmt(p.get('x_liger'), 'f2')} "
+            lines.append(f"| {r['tag']} | {name} | {ms} | {fmt(p.get('tflops'), 0)} | {fmt(p.get('x_liger'), 2)} "
                          f"| {fmt_gb(p.get('peak_bytes'))} | {fmt_gb(p.get('peak_bytes_over_inputs'))} | "
-                         f"{fmt(p.get('peak_vs_liger'), 'f2')} | {fmt(e.get('loss'), 'e')} | {fmt(e.get('dh'), 'e')} | "
-                         f"{fmt(e.get('dW'), 'e')} |")
+                         f"{fmt(p.get('peak_vs_liger'), 2)} | {fmt(e.get('loss'), sci=True)} | "
+                         f"{fmt(e.get('dh'), sci=True)} | {fmt(e.get('dW'), sci=True)} |")
     if ERRORS:
         lines += ["", "## Errors", ""] + [f"- {k}: {v[:200]}" for k, v in ERRORS.items()]
     return lines

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ERRORS, attempt, bench, copy_ceiling, gbps, meta  # noqa: E402
+from bench.common import ERRORS, attempt, bench, copy_ceiling, fmt, gbps, meta  # noqa: E402
 
 import kernels  # noqa: E402  (the GPU backend: TRITON_INTERPRET is not set)
 
@@ -57,10 +57,6 @@ def prefill_inputs(B, T, g):
 
 def diff(a, b):
     return (a.float() - b.float()).abs().max().item() if a is not None and b is not None else None
-
-
-def fmt(x, digits=0):
-    return "-" if x is None else (f"{x:.{digits}f}" if digits else f"{x:.0f}")
 
 
 def prefill(g):

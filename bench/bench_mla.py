@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ERRORS, attempt, bench, copy_ceiling, cuda_graph, gbps, meta, tflops  # noqa: E402
+from bench.common import ERRORS, attempt, bench, copy_ceiling, cuda_graph, fmt, gbps, meta, tflops  # noqa: E402
 
 import kernels  # noqa: E402  (the GPU backend: TRITON_INTERPRET is not set)
 
@@ -78,10 +78,6 @@ def sdpa(q_nope, q_pe, c_kv, k_pe, Tq):
 def ours(q_nope, q_pe, c_kv, k_pe, lens, table=None, validate=True):
     kw = {} if validate is True else {"validate": validate}
     return kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, SCALE, page_table=table, **kw)[0]
-
-
-def fmt(x, digits=0):
-    return "-" if x is None else (f"{x:.{digits}f}" if digits else f"{x:.0f}")
 
 
 def run(copy, g):

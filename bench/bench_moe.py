@@ -47,7 +47,7 @@ if not ON_GPU:
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (ERRORS, attempt, copy_ceiling, cuda_graph, gbps, gpu_folder, meta,  # noqa: E402
+from bench.common import (ERRORS, attempt, copy_ceiling, cuda_graph, fmt, gbps, gpu_folder, meta,  # noqa: E402
                           tflops, timed)
 import kernels  # noqa: E402
 
@@ -295,8 +295,8 @@ def run_row(tag, model, phase, kind, T, E, k, H, I, w13, w2, mx, mx_deq, copy):
             peer["x_eager"] = eager_ms / peer["ms"] if eager_ms else None
     line = " | ".join(f"{n} {p['ms']:.3f} ms" + (f" ({p['pct_copy']:.0f}% copy)" if p.get("pct_copy") else "")
                       if p["ms"] else f"{n} failed" for n, p in row["peers"].items())
-    print(f"  {line}\n  max rel err vs eager: ours {fmt(err_ours, 'e')}"
-          + (f", ours mxfp4 {fmt(err_mx, 'e')}" if mx is not None else ""), flush=True)
+    print(f"  {line}\n  max rel err vs eager: ours {fmt(err_ours, sci=True)}"
+          + (f", ours mxfp4 {fmt(err_mx, sci=True)}" if mx is not None else ""), flush=True)
     del x, ids, tw, a_up, a_down, compiled, fns
     torch._dynamo.reset()
     return row
@@ -305,14 +305,6 @@ def run_row(tag, model, phase, kind, T, E, k, H, I, w13, w2, mx, mx_deq, copy):
 # ---------------------------------------------------------------------------------------------
 # Output
 # ---------------------------------------------------------------------------------------------
-
-def fmt(v, kind="f0"):
-    if v is None:
-        return "-"
-    if kind == "e":
-        return f"{v:.1e}"
-    return f"{v:.{kind[1:]}f}"
-
 
 def markdown(rows, info, copy, models):
     shapes = "; ".join(f"{m} E {E}, top {k}, H {H}, I {I}" for m, (E, k, H, I) in models.items())
@@ -335,12 +327,12 @@ def markdown(rows, info, copy, models):
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for name, p in r["peers"].items():
-            ms = fmt(p["ms"], "f3") if p["ms"] else f"failed: {(p.get('error') or '')[:80]}"
+            ms = fmt(p["ms"], 3) if p["ms"] else f"failed: {(p.get('error') or '')[:80]}"
             lines.append(f"| {r['model']} | {r['routing']} | {r['T']} | {r['experts_touched']} | "
                          f"{r['entries_per_expert_min']}-{r['entries_per_expert_max']} | {name} | {ms} | "
-                         f"{fmt(p.get('tflops'), 'f1')} | {fmt(p.get('pct_dense'))} | {fmt(p.get('gbps'))} | "
-                         f"{fmt(p.get('pct_copy'))} | {fmt(p.get('x_eager'), 'f2')} | "
-                         f"{fmt(p.get('max_rel_err_vs_eager'), 'e')} |")
+                         f"{fmt(p.get('tflops'), 1)} | {fmt(p.get('pct_dense'))} | {fmt(p.get('gbps'))} | "
+                         f"{fmt(p.get('pct_copy'))} | {fmt(p.get('x_eager'), 2)} | "
+                         f"{fmt(p.get('max_rel_err_vs_eager'), sci=True)} |")
     notes = []
     for r in rows:
         c = r["peers"].get("torch.compile", {})
@@ -350,7 +342,7 @@ def markdown(rows, info, copy, models):
         m = r["peers"].get("ours mxfp4", {})
         if m.get("max_rel_err_vs_bf16_eager") is not None:
             notes.append(f"- {r['tag']}: ours mxfp4 against the eager loop on the bf16 weights (quantisation "
-                         f"included): {fmt(m['max_rel_err_vs_bf16_eager'], 'e')}")
+                         f"included): {fmt(m['max_rel_err_vs_bf16_eager'], sci=True)}")
     if notes:
         lines += ["", "## Per row", ""] + notes
     if ERRORS:

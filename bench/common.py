@@ -56,6 +56,16 @@ def peak_memory(fn):
     return peak, peak - before
 
 
+def fmt(v, digits: int = 0, sci: bool = False) -> str:
+    """A table cell: "-" for a missing value, a bool as it is, else v with `digits` decimals (sci:
+    one decimal in scientific notation, for errors)."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    return f"{v:.1e}" if sci else f"{v:.{digits}f}"
+
+
 def cuda_graph(fn):
     """fn captured once in a CUDA graph (after an eager warm-up call); returns the graph's replay,
     which bench() times as the GPU's own time, without the host's launch cost (as a serving loop
