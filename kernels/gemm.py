@@ -155,7 +155,7 @@ def _check_block(name, value):
         raise ValueError(f"{name}: expected a power of two >= 16, got {value!r}")
 
 
-def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m):
+def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m, a_tiles=1):
     """Tiles, warps and stages. Large problems get Hopper-sized tiles (below);
     small ones are clipped to the problem (at least 16, tl.dot's minimum) so no program computes
     mostly padding. Explicit arguments win, and are only checked."""
@@ -175,8 +175,8 @@ def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m):
     warps = 8 if bm * bn >= 128 * 64 else 4
     stages = 4 if elem_size <= 2 and bm * bn <= 128 * 128 else 3
 
-    def shared(bk, stages):     # the pipelined a and weight tiles
-        return stages * (bm + n_weights * bn) * bk * elem_size
+    def shared(bk, stages):     # the pipelined a tiles (a_tiles of them: swiglu_backward's halves) and weight tiles
+        return stages * (a_tiles * bm + n_weights * bn) * bk * elem_size
 
     while shared(bk, stages) > _SHARED_BYTES and stages > 2:
         stages -= 1
@@ -436,6 +436,17 @@ def _load_operand(ptrs, k_mask, EVEN_K: tl.constexpr, WIDEN: tl.constexpr):
 
 
 @triton.jit
+def _store_halves(hi_ptrs, lo_ptrs, v, mask):
+    """fp32 v as two bf16 halves: hi = bf16(v), lo = bf16(v - hi) (0 where hi is not finite, so an
+    infinite v stays hi alone)."""
+    hi = v.to(tl.bfloat16)
+    hi_f = hi.to(tl.float32)
+    lo = tl.where(tl.abs(hi_f) < float("inf"), v - hi_f, 0.0).to(tl.bfloat16)
+    tl.store(hi_ptrs, hi, mask=mask)
+    tl.store(lo_ptrs, lo, mask=mask)
+
+
+@triton.jit
 def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dz_lo_ptr, part_ptr, M, N, K,
                       sxm, sxk, sgn, sgk, sun, suk, sbg, sbu, sdym, sdyn,
                       ACT: tl.constexpr, HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, EVEN_K: tl.constexpr,
@@ -475,12 +486,8 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dz_
     dz_up = tl.where(mask, dy * activate(acc_g, ACT), 0.0)
     row = offs_m.to(tl.int64)[:, None] * (2 * N) + offs_n[None, :]
     if SPLIT:
-        for dz, col in ((dz_gate, 0), (dz_up, N)):
-            hi = dz.to(tl.bfloat16)
-            hi_f = hi.to(tl.float32)
-            lo = tl.where(tl.abs(hi_f) < float("inf"), dz - hi_f, 0.0).to(tl.bfloat16)
-            tl.store(dz_ptr + row + col, hi, mask=mask)
-            tl.store(dz_lo_ptr + row + col, lo, mask=mask)
+        _store_halves(dz_ptr + row, dz_lo_ptr + row, dz_gate, mask)
+        _store_halves(dz_ptr + row + N, dz_lo_ptr + row + N, dz_up, mask)
     else:
         tl.store(dz_ptr + row, dz_gate, mask=mask)
         tl.store(dz_ptr + row + N, dz_up, mask=mask)
@@ -541,7 +548,9 @@ def _gemm_sum(a, b, c, pairs_precision, block_m, block_n, block_k, group_m, a2=N
     M, K = a.shape
     N = b.shape[1]
     split = a_lo is not None
-    cfg = _config(M, N, K, 2 if split else 4, 2 if a2 is not None else 1, block_m, block_n, block_k, group_m)
+    pairs = 2 if a2 is not None else 1
+    cfg = _config(M, N, K, 2 if split else 4, pairs, block_m, block_n, block_k, group_m,
+                  a_tiles=2 * pairs if split else 1)
     bk = cfg["BLOCK_K"]
     if split and (bk * max(abs(a.stride(1)), abs(b.stride(0))) >= 2**31):
         a, a_lo, b = a.contiguous(), a_lo.contiguous(), b.contiguous()     # the halves keep one layout
