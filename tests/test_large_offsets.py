@@ -62,7 +62,8 @@ def test_embedding_writes_and_reads_features_past_2_31_elements(op, dtype, confi
 HUGE_D = 16384
 HUGE_ROWS = {"rows": 2**31 // HUGE_D + 2,                  # the last row starts 2^31 + 16384 elements in
              "features_outermost": 2**31 // (HUGE_D - 1) + 2}  # the last column starts past 2^31
-ROW_OPS = ("rmsnorm", "layernorm", "add_rmsnorm", "softmax")
+# softmax_backward: its kernel's int64 row ids (mutants 6d8e6beb6f, c918de4b08 survived without this case)
+ROW_OPS = ("rmsnorm", "layernorm", "add_rmsnorm", "softmax", "softmax_backward")
 
 
 def _judge_tail(op: str, got: tuple, tail_inputs: dict, budget, where: str) -> None:
@@ -98,6 +99,8 @@ def _huge_inputs(op: str, device, layout: str):
         return {"x": x, "w": w, "b": torch.randn(HUGE_D, generator=g).half().to(device), "eps": 1e-5}
     if op == "add_rmsnorm":
         return {"x": x, "residual": tall(), "w": w, "eps": 1e-6}
+    if op == "softmax_backward":    # y need not be a softmax for the gradient's formula to be judged
+        return {"dy": x, "y": tall(), "scale": 1.0, "causal": False}
     return {"x": x, "scale": 1.0, "causal": False}
 
 
