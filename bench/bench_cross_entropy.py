@@ -16,7 +16,10 @@ and its gradients are left in h.grad and W.grad (cleared before each call):
 - ours: kernels.FusedLinearCrossEntropyFunction.apply(h, W, labels), loss.backward() (at these
   shapes its GEMMs go through cuBLAS: bf16 over several chunks); ours, validate=False: the same
   without the labels' check read back (no host sync); ours, Triton GEMMs: gemm="triton", the
-  GEMMs through the kernel's own Triton GEMM (the path of one chunk, fp32, the interpreter).
+  GEMMs through the kernel's own Triton GEMM (the path of one chunk, fp32, the interpreter); ours,
+  dW in bf16: dw_accumulation="dtype" (dW rounded into W's dtype after each chunk as Liger's default
+  does, no fp32 accumulator, the chunk buffers within one Liger chunk: 128 rows at N 16384), and
+  the same in the default fp32 mode's 1024-row chunks (fewer, larger GEMMs; 0.4 GiB of buffers).
 Time: triton.testing.do_bench median of the whole step (bench/common.py). Peak memory:
 torch.cuda.max_memory_allocated over one step, reset before it, and the same minus what was
 allocated before the step (inputs: h, W, labels); the gradients each peer leaves are counted.
@@ -64,7 +67,8 @@ QWEN2_1_5B = (151936, 1536)     # V, H
 SHAPES = {f"qwen2-1.5b/N{N}": (N, *QWEN2_1_5B) for N in (16384, 8192, 4096)}
 QUICK = {"quick/N2048": (2048, 32000, 1024)} if ON_GPU else {"tiny/N40": (40, 300, 32)}
 IGNORED = 0.1
-PEERS = ("eager", "torch.compile", "liger", "liger fp32 accum", "ours", "ours, validate=False", "ours, Triton GEMMs")
+PEERS = ("eager", "torch.compile", "liger", "liger fp32 accum", "ours", "ours, validate=False", "ours, Triton GEMMs",
+         "ours, dW in bf16", "ours, dW in bf16, chunk 1024")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,6 +165,10 @@ def run_row(tag, N, V, H):
         h, W, labels, -100, 0.0, None, "mean", None, False)
     fns["ours, Triton GEMMs"] = lambda h, W, labels: kernels.FusedLinearCrossEntropyFunction.apply(
         h, W, labels, -100, 0.0, None, "mean", None, True, "triton")
+    fns["ours, dW in bf16"] = lambda h, W, labels: kernels.FusedLinearCrossEntropyFunction.apply(
+        h, W, labels, -100, 0.0, None, "mean", None, True, None, "dtype")
+    fns["ours, dW in bf16, chunk 1024"] = lambda h, W, labels: kernels.FusedLinearCrossEntropyFunction.apply(
+        h, W, labels, -100, 0.0, None, "mean", 1024, True, None, "dtype")
 
     ref = None
     for name in PEERS:
@@ -231,7 +239,9 @@ def markdown(rows, info):
              "the same function, default mode, compile not timed; liger: LigerFusedLinearCrossEntropyFunction "
              "with its defaults (dW accumulated in bf16), liger fp32 accum: accum_dtype=torch.float32; ours: "
              "kernels.FusedLinearCrossEntropyFunction (dW accumulated in fp32, the labels checked: one 4-byte "
-             "read; cuBLAS GEMMs at these shapes), validate=False: without that read, Triton GEMMs: gemm=\"triton\". "
+             "read; cuBLAS GEMMs at these shapes), validate=False: without that read, Triton GEMMs: gemm=\"triton\", "
+             "dW in bf16: dw_accumulation=\"dtype\" (dW rounded into bf16 after each chunk, as liger; its default "
+             "chunks within one liger chunk, or 1024 rows). "
              "'rel err': max |x - eager| / max |eager| of the loss, h.grad and W.grad.", "",
              "| shape | peer | ms | TFLOP/s | x liger | peak | over inputs | peak / liger | rel err loss | "
              "rel err dh | rel err dW |",

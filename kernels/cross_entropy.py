@@ -31,6 +31,7 @@ and there are no atomics in the sums: the same call gives the same bits.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -44,6 +45,7 @@ from kernels.gemm import _config as gemm_tiles, _precision
 
 LABEL_DTYPES = (torch.int32, torch.int64)
 REDUCTIONS = ("mean", "sum")
+DW_ACCUMULATIONS = ("fp32", "dtype")
 # fp16 gradient logits are stored times 2^15: probabilities near 1/V (6.6e-6 at V 151936) would
 # otherwise be fp16 subnormals, rounded at an absolute 3e-8. |p - q| <= 1, so 2^15 |g| fits.
 FP16_GRAD_SCALE = 2.0 ** 15
@@ -151,10 +153,11 @@ def _capped(z, cap):
 
 @triton.jit
 def _ce_rows_kernel(z_ptr, g_ptr, labels_ptr, loss_ptr, V, z_stride, g_stride, label_stride,
-                    ignore_index, smoothing, cap, grad_scale,
-                    SOFTCAP: tl.constexpr, BLOCK_V: tl.constexpr):
+                    ignore_index, smoothing, cap, grad_scale, scale_ptr,
+                    SOFTCAP: tl.constexpr, FOLD_SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
     """One row per program: z_ptr's fp32 logits (V of them) -> the row's loss (fp32) and its
-    gradient logits (p - q) d * grad_scale in g_ptr's dtype. A row whose label is ignore_index
+    gradient logits (p - q) d * grad_scale in g_ptr's dtype (FOLD_SCALE: times grad_scale times the
+    device scalar at scale_ptr too, s 2^-k: (p - q) d s 2^k). A row whose label is ignore_index
     gets loss 0 and zero gradients; one whose label lies outside [0, V) gets NaN for both (the
     label only ever meets column indices in a comparison: no address is formed from it)."""
     row = tl.program_id(0).to(tl.int64)
@@ -184,6 +187,8 @@ def _ce_rows_kernel(z_ptr, g_ptr, labels_ptr, loss_ptr, V, z_stride, g_stride, l
         lse = m + tl.log(s)
         # Pass 2: p, the gradient logits and the loss terms.
         bad = (y < 0) | (y >= V)
+        if FOLD_SCALE:
+            grad_scale = grad_scale * (tl.load(scale_ptr) * grad_scale)     # 2^k (s 2^-k 2^k): s 2^k, exact
         on_label = 1.0 - smoothing
         spread = smoothing / V
         z_y = tl.zeros([BLOCK_V], tl.float32)
@@ -347,17 +352,58 @@ def _mm32(a, b, out, accumulate=False):
         torch.mm(a.float(), b.float(), out=out)
 
 
-def plan_chunks(N, V, H, elem_size, chunk_size=None, logits_rows=None):
+@contextlib.contextmanager
+def _fp32_reductions():
+    """cuBLAS's 16-bit GEMMs without reduced-precision reductions (torch allows them by default:
+    split-K partials rounded to the output's 16-bit dtype), for the GEMMs that write dW in W's
+    dtype; the settings restored after."""
+    m = torch.backends.cuda.matmul
+    saved = (m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction)
+    m.allow_fp16_reduced_precision_reduction = m.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = saved
+
+
+def _mm_into(a, b, out, alpha, accumulate):
+    """out = (out +) alpha a @ b in out's 16-bit dtype, one rounding per call: fp32 sums of exact
+    products, alpha (a power of two) and the old out added in fp32 (cuBLAS's addmm with beta 1 /
+    0 on a GPU; on the CPU the same in fp32 torch ops, rounded once by the copy, for the
+    interpreter's tests). out: contiguous, W's dtype."""
+    if out.device.type == "cuda":
+        with _fp32_reductions():
+            out.addmm_(a, b, beta=1.0 if accumulate else 0.0, alpha=alpha)
+        return
+    s = torch.mm(a.float(), b.float()) * alpha
+    if accumulate:
+        s += out.float()
+    out.copy_(s)
+
+
+def plan_chunks(N, V, H, elem_size, chunk_size=None, logits_rows=None, dw_accumulation="fp32"):
     """(C, R): rows per chunk (their gradient logits held in h's dtype for the two gradient
     GEMMs) and rows whose fp32 logits are formed at a time. By default C is the largest power of
     two with C V es + (C / 4) V 4 <= V H es (the chunk's buffers within the size of W), at
-    least 16 and at most N rounded up to a power of two; R = C / 4 (at least 16, at most C)."""
+    least 16 and at most N rounded up to a power of two; R = C / 4 (at least 16, at most C).
+    dw_accumulation="dtype" (no fp32 accumulator of dW: the peak is W, dW, dh and the chunk's
+    buffers) keeps the buffers within one chunk of logits in h's dtype as Liger-Kernel sizes it
+    (L: ceil(N / ceil(V / H)) rows rounded up to a power of two, V es bytes each; 256 rows at
+    N 16384, V 151936, H 1536): C the largest power of two with C V es + (C / 2) V 4 <= L V es,
+    R = C / 2 (fewer logits rows read W more often: at a fixed size C / R of 2 costs the least
+    traffic here), both at least 16 and at most N rounded up (dh's fp32 [C, H], under 1% of a
+    chunk, not counted)."""
+    top = max(16, triton.next_power_of_2(max(N, 1)))
     if chunk_size is None:
-        rows = (H * elem_size) // (elem_size + 1)
-        chunk_size = 1 << max(4, rows.bit_length() - 1)
-        chunk_size = min(chunk_size, max(16, triton.next_power_of_2(max(N, 1))))
+        if dw_accumulation == "dtype":
+            liger_rows = triton.next_power_of_2(max(1, triton.cdiv(N, max(1, triton.cdiv(V, max(H, 1))))))
+            rows = (liger_rows * elem_size) // (elem_size + 2)
+        else:
+            rows = (H * elem_size) // (elem_size + 1)
+        chunk_size = min(1 << max(4, rows.bit_length() - 1), top)
     if logits_rows is None:
-        logits_rows = max(1, min(chunk_size, max(16, chunk_size // 4)))
+        share = 2 if dw_accumulation == "dtype" else 4
+        logits_rows = max(1, min(chunk_size, max(16, chunk_size // share)))
     return chunk_size, min(logits_rows, chunk_size)
 
 
@@ -409,7 +455,7 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
                                validate: bool | str = True, loss_out: torch.Tensor | None = None,
                                out_dh: torch.Tensor | None = None, out_dw: torch.Tensor | None = None,
                                block_v: int | None = None, num_splits: int | None = None,
-                               block: int | None = None, gemm: str | None = None):
+                               block: int | None = None, gemm: str | None = None, dw_accumulation: str = "fp32"):
     """(loss, dh, dW) of the cross-entropy of softmax(h W^T) against labels.
 
     h [N, H] and W [V, H] (nn.Linear's layout) of one dtype (fp32, fp16, bf16), any strides;
@@ -418,6 +464,12 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
     "mean" (over the rows that count; 0 when none does) or "sum". Returns the loss (0-d fp32),
     dh (h's dtype) and dW (W's dtype, accumulated in fp32), or writes them into loss_out,
     out_dh, out_dw.
+
+    dw_accumulation: "fp32" (default) sums dW over all the row chunks in fp32 and rounds it once
+    (for 16-bit W an fp32 buffer of twice W's size lives through the chunks); "dtype" adds each
+    chunk's fp32 GEMM into dW in W's dtype, one rounding per chunk (as Liger-Kernel's default:
+    no fp32 [V, H] buffer, smaller chunks by default, a looser bound: docs/NUMERICS.md). fp32
+    inputs take the same path either way.
 
     chunk_size: rows whose gradient logits are held at a time (C), logits_rows: rows whose fp32
     logits are formed at a time (R); by default the chunk's buffers stay within the size of W
@@ -460,6 +512,11 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
     _check_rows("num_splits", num_splits)
     if gemm is not None and gemm not in GEMMS:
         raise ValueError(f"gemm: expected None, \"triton\" or \"torch\", got {gemm!r}")
+    if not isinstance(dw_accumulation, str):
+        raise TypeError(f"dw_accumulation: expected a str, \"fp32\" or \"dtype\"; got "
+                        f"{type(dw_accumulation).__name__}")
+    if dw_accumulation not in DW_ACCUMULATIONS:
+        raise ValueError(f"dw_accumulation: expected \"fp32\" or \"dtype\", got {dw_accumulation!r}")
     check_validate(validate)
     device = h.device
     loss = new_out(loss_out, (), torch.float32, device, "loss_out")
@@ -482,19 +539,23 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
 
     # 2. The chunks.
     row_loss = allocate((N,), torch.float32, device, name="row_loss")
-    C, R = plan_chunks(N, V, H, h.element_size(), chunk_size, logits_rows)
+    C, R = plan_chunks(N, V, H, h.element_size(), chunk_size, logits_rows, dw_accumulation)
     C, R = min(C, max(N, 1)), min(R, max(N, 1))
     fp32_w = W.dtype == torch.float32
+    in_dtype = dw_accumulation == "dtype" and not fp32_w       # dW (+)= each chunk's GEMM, rounded each time
     n_chunks = triton.cdiv(N, C)
     use_torch = _use_torch_gemms(h, gemm, block, n_chunks)
+    # torch's dW GEMM into dW in W's dtype takes its scale as a host number: s (1/n, on the device)
+    # goes into the gradient logits instead, (p - q) d s 2^k, and 2^-k is addmm's alpha
+    fold = in_dtype and use_torch
     dw = out_dw
-    if dw is None and (fp32_w or (n_chunks <= 1 and not use_torch)):
+    if dw is None and (fp32_w or in_dtype or (n_chunks <= 1 and not use_torch)):
         dw = allocate((V, H), W.dtype, device, name="out_dw")
-    # dW's fp32 accumulator: dW itself for fp32, else a buffer of its own while there is more than
-    # one chunk (or torch's GEMMs, whose scale comes at the end); dW's buffer (when the launcher
-    # makes it) only after the chunk buffers are freed.
-    acc = dw if fp32_w else (allocate((V, H), torch.float32, device, name="dw_accumulator")
-                             if n_chunks > 1 or use_torch else None)
+    # dW's fp32 accumulator: dW itself for fp32 (or dw_accumulation="dtype"), else a buffer of its
+    # own while there is more than one chunk (or torch's GEMMs, whose scale comes at the end); dW's
+    # buffer (when the launcher makes it) only after the chunk buffers are freed.
+    acc = dw if fp32_w or in_dtype else (allocate((V, H), torch.float32, device, name="dw_accumulator")
+                                         if n_chunks > 1 or use_torch else None)
     if N and n_chunks:
         # The Triton path's rows 64-byte aligned; torch's buffers contiguous (cuBLAS's operands)
         padded = V if use_torch else triton.cdiv(V, 16) * 16
@@ -505,6 +566,8 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
         if use_torch:
             splits, parts = 1, None
             dh32 = allocate((C, H), torch.float32, device, name="dh_fp32") if H else None
+            unscale = allocate((1,), torch.float32, device, name="grad_unscale").fill_(1.0 / grad_scale) if fold \
+                else scale
         else:
             splits = _dh_splits(device, C, H, V, h.element_size(), block, num_splits)
             parts = allocate((splits, C, H), torch.float32, device, name="dh_partials") if splits > 1 and H else None
@@ -521,8 +584,8 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
                     _gemm(h_rows[r0:r0 + rr], W, logits[:rr], block=block)
                 _ce_rows_kernel[(rr,)](logits, grads[r0:], labels[c0 + r0:], row_loss[c0 + r0:], V,
                                        logits.stride(0), grads.stride(0), labels.stride(0), ignore_index,
-                                       smoothing, cap or 1.0, grad_scale, SOFTCAP=cap is not None, BLOCK_V=bv,
-                                       num_warps=ce_warps)
+                                       smoothing, cap or 1.0, grad_scale, scale, SOFTCAP=cap is not None,
+                                       FOLD_SCALE=fold, BLOCK_V=bv, num_warps=ce_warps)
             g = grads[:rows]
             if not H:
                 continue
@@ -530,8 +593,11 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
                 # dh: fp32 G W, then the scale s 2^-k and one rounding; dW: G^T h summed over the
                 # chunks in fp32, scaled and rounded once at the end
                 _mm32(g, W, dh32[:rows])
-                _scaled(dh32[:rows], dh[c0:c0 + rows], scale)
-                _mm32(g.t(), h_rows, acc, accumulate=c0 > 0)
+                _scaled(dh32[:rows], dh[c0:c0 + rows], unscale)
+                if fold:
+                    _mm_into(g.t(), h_rows, dw, 1.0 / grad_scale, accumulate=c0 > 0)
+                else:
+                    _mm32(g.t(), h_rows, acc, accumulate=c0 > 0)
                 continue
             if parts is None:
                 _gemm(g, Wt, dh[c0:c0 + rows], scale=scale, block=block)
@@ -558,24 +624,41 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     """loss = FusedLinearCrossEntropyFunction.apply(h, W, labels, ignore_index, label_smoothing,
-    softcap, reduction, chunk_size, validate, gemm): the forward computes the loss and both
-    gradients (fused_linear_cross_entropy) and keeps the gradients; the backward returns them
-    times the upstream gradient of the loss, in new tensors (read on the device: no host sync)."""
+    softcap, reduction, chunk_size, validate, gemm, dw_accumulation): the forward computes the loss
+    and both gradients (fused_linear_cross_entropy) and keeps the gradients; the backward returns
+    them times the upstream gradient of the loss (read on the device: no host sync). With
+    dw_accumulation="fp32" in new tensors (a second backward through a retained graph scales the
+    kept gradients again); with "dtype", the lean-memory mode, in place: the kept dh and dW become
+    the gradients (autograd takes dW as W.grad without a copy, so no second [V, H] buffer), and a
+    second backward raises a RuntimeError."""
 
     @staticmethod
     def forward(ctx, h, W, labels, ignore_index=-100, label_smoothing=0.0, softcap=None, reduction="mean",
-                chunk_size=None, validate=True, gemm=None):
+                chunk_size=None, validate=True, gemm=None, dw_accumulation="fp32"):
         loss, dh, dw = fused_linear_cross_entropy(h, W, labels, ignore_index=ignore_index,
                                                   label_smoothing=label_smoothing, softcap=softcap,
                                                   reduction=reduction, chunk_size=chunk_size, validate=validate,
-                                                  gemm=gemm)
-        ctx.save_for_backward(dh, dw)
+                                                  gemm=gemm, dw_accumulation=dw_accumulation)
+        ctx.in_place = dw_accumulation == "dtype"
+        if ctx.in_place:
+            ctx.grads = [dh, dw]            # not saved tensors: the backward hands them on and drops them
+        else:
+            ctx.save_for_backward(dh, dw)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        dh, dw = ctx.saved_tensors
         g = grad_loss.reshape(1)
-        grad_h = _scaled(dh, torch.empty_like(dh), g) if ctx.needs_input_grad[0] else None
-        grad_w = _scaled(dw, torch.empty_like(dw), g) if ctx.needs_input_grad[1] else None
-        return grad_h, grad_w, None, None, None, None, None, None, None, None
+        if ctx.in_place:
+            if ctx.grads is None:
+                raise RuntimeError("FusedLinearCrossEntropyFunction with dw_accumulation=\"dtype\" scales its kept "
+                                   "gradients in place: one backward per forward (use \"fp32\" to retain the graph)")
+            (dh, dw), ctx.grads = ctx.grads, None
+            grad_h = _scaled(dh, dh, g) if ctx.needs_input_grad[0] else None
+            grad_w = _scaled(dw, dw, g) if ctx.needs_input_grad[1] else None
+            del dh, dw
+        else:
+            dh, dw = ctx.saved_tensors
+            grad_h = _scaled(dh, torch.empty_like(dh), g) if ctx.needs_input_grad[0] else None
+            grad_w = _scaled(dw, torch.empty_like(dw), g) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w, None, None, None, None, None, None, None, None, None

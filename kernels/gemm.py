@@ -155,7 +155,7 @@ def _check_block(name, value):
         raise ValueError(f"{name}: expected a power of two >= 16, got {value!r}")
 
 
-def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m):
+def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m, a_tiles=1):
     """Tiles, warps and stages. Large problems get Hopper-sized tiles (below);
     small ones are clipped to the problem (at least 16, tl.dot's minimum) so no program computes
     mostly padding. Explicit arguments win, and are only checked."""
@@ -175,8 +175,8 @@ def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m):
     warps = 8 if bm * bn >= 128 * 64 else 4
     stages = 4 if elem_size <= 2 and bm * bn <= 128 * 128 else 3
 
-    def shared(bk, stages):     # the pipelined a and weight tiles
-        return stages * (bm + n_weights * bn) * bk * elem_size
+    def shared(bk, stages):     # the pipelined a tiles (a_tiles of them: swiglu_backward's halves) and weight tiles
+        return stages * (a_tiles * bm + n_weights * bn) * bk * elem_size
 
     while shared(bk, stages) > _SHARED_BYTES and stages > 2:
         stages -= 1
@@ -423,25 +423,42 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: to
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _load_f32(ptrs, k_mask, EVEN_K: tl.constexpr):
-    """A GEMM operand tile widened to fp32 (exact): unmasked where BLOCK_K divides K, else with the
-    K tail (k_mask) read as 0."""
+def _load_operand(ptrs, k_mask, EVEN_K: tl.constexpr, WIDEN: tl.constexpr):
+    """A GEMM operand tile: unmasked where BLOCK_K divides K, else with the K tail (k_mask) read
+    as 0; widened to fp32 (exact) with WIDEN, else in its own dtype."""
     if EVEN_K:
         v = tl.load(ptrs)
     else:
         v = tl.load(ptrs, mask=k_mask, other=0.0)
-    return v.to(tl.float32)
+    if WIDEN:
+        v = v.to(tl.float32)
+    return v
 
 
 @triton.jit
-def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, part_ptr, M, N, K,
+def _store_halves(hi_ptrs, lo_ptrs, v, mask):
+    """fp32 v as two bf16 halves: hi = bf16(v), lo = bf16(v - hi) (0 where hi is not finite, so an
+    infinite v stays hi alone)."""
+    hi = v.to(tl.bfloat16)
+    hi_f = hi.to(tl.float32)
+    lo = tl.where(tl.abs(hi_f) < float("inf"), v - hi_f, 0.0).to(tl.bfloat16)
+    tl.store(hi_ptrs, hi, mask=mask)
+    tl.store(lo_ptrs, lo, mask=mask)
+
+
+@triton.jit
+def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dz_lo_ptr, part_ptr, M, N, K,
                       sxm, sxk, sgn, sgk, sun, suk, sbg, sbu, sdym, sdyn,
                       ACT: tl.constexpr, HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, EVEN_K: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      PRECISION: tl.constexpr):
+                      PRECISION: tl.constexpr, WIDEN: tl.constexpr, SPLIT: tl.constexpr):
     """z_gate and z_up of one [BLOCK_M, BLOCK_N] tile (the forward's two-accumulator GEMM), then
-    dz_gate = dy z_up act'(z_gate) and dz_up = dy act(z_gate) into the fp32 dz [M, 2N] (gate columns
-    first), and with a bias the tile's column sums of both into row pid_m of the partials [., 2N]."""
+    dz_gate = dy z_up act'(z_gate) and dz_up = dy act(z_gate) in fp32, stored [M, 2N] (gate columns
+    first): as fp32, or with SPLIT as two bf16 halves hi + lo (dz_ptr, dz_lo_ptr; lo = dz - hi, 0
+    where hi is not finite) that carry 16 bits of it for the bf16 GEMMs that follow. With a bias,
+    the tile's fp32 column sums of both into row pid_m of the partials [., 2N]. WIDEN: the operands
+    widened to fp32 for the dots; without it, 16-bit operands multiply in their own dtype (their
+    products are exact in fp32 either way)."""
     pid_m, _ = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m, offs_n, offs_k, rm, rn, x_ptrs, wg_ptrs = gemm_tile(x_ptr, wg_ptr, M, N, sxm, sxk, sgn, sgk,
                                                                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
@@ -450,9 +467,9 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, par
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
-        a = _load_f32(x_ptrs, k_ok[None, :], EVEN_K)
-        wg = _load_f32(wg_ptrs, k_ok[:, None], EVEN_K)
-        wu = _load_f32(wu_ptrs, k_ok[:, None], EVEN_K)
+        a = _load_operand(x_ptrs, k_ok[None, :], EVEN_K, WIDEN)
+        wg = _load_operand(wg_ptrs, k_ok[:, None], EVEN_K, WIDEN)
+        wu = _load_operand(wu_ptrs, k_ok[:, None], EVEN_K, WIDEN)
         acc_g = tl.dot(a, wg, acc_g, input_precision=PRECISION)
         acc_u = tl.dot(a, wu, acc_u, input_precision=PRECISION)
         x_ptrs += BLOCK_K * sxk
@@ -467,9 +484,13 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, par
                  other=0.0).to(tl.float32)
     dz_gate = tl.where(mask, times_activation_grad(dy * acc_u, acc_g, ACT), 0.0)
     dz_up = tl.where(mask, dy * activate(acc_g, ACT), 0.0)
-    dz_row = dz_ptr + offs_m.to(tl.int64)[:, None] * (2 * N) + offs_n[None, :]
-    tl.store(dz_row, dz_gate, mask=mask)
-    tl.store(dz_row + N, dz_up, mask=mask)
+    row = offs_m.to(tl.int64)[:, None] * (2 * N) + offs_n[None, :]
+    if SPLIT:
+        _store_halves(dz_ptr + row, dz_lo_ptr + row, dz_gate, mask)
+        _store_halves(dz_ptr + row + N, dz_lo_ptr + row + N, dz_up, mask)
+    else:
+        tl.store(dz_ptr + row, dz_gate, mask=mask)
+        tl.store(dz_ptr + row + N, dz_up, mask=mask)
     if HAS_BG or HAS_BU:
         part = part_ptr + pid_m.to(tl.int64) * (2 * N) + offs_n
         tl.store(part, tl.sum(dz_gate, axis=0), mask=offs_n < N)
@@ -477,28 +498,38 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, par
 
 
 @triton.jit
-def _gemm_sum_kernel(a_ptr, b_ptr, a2_ptr, b2_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, sa2m, sa2k, sb2k, sb2n, scm,
+def _gemm_sum_kernel(a_ptr, a_lo_ptr, b_ptr, a2_ptr, a2_lo_ptr, b2_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn,
+                     sa2m, sa2k, sb2k, sb2n, scm,
                      TWO: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
-    """c[M, N] = a[M, K] @ b[K, N] (+ a2 @ b2 with TWO, into the same accumulator), any strides, the
-    operands widened to fp32 in registers, fp32 accumulation, one rounding to c's dtype."""
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+    """c[M, N] = a[M, K] @ b[K, N] (+ a2 @ b2 with TWO, into the same accumulator), any strides, fp32
+    accumulation, one rounding to c's dtype. The operands widened to fp32 in registers, or with SPLIT
+    a given as two bf16 halves (a_ptr hi, a_lo_ptr lo, the same strides) times a bf16 b: two bf16
+    products into the accumulator."""
     offs_m, offs_n, offs_k, rm, rn, a_ptrs, b_ptrs = gemm_tile(a_ptr, b_ptr, M, N, sam, sak, sbn, sbk,
                                                                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    a_lo_ptrs = a_lo_ptr + rm[:, None] * sam + offs_k[None, :] * sak      # a's layout
     if TWO:
         a2_ptrs = a2_ptr + rm[:, None] * sa2m + offs_k[None, :] * sa2k
+        a2_lo_ptrs = a2_lo_ptr + rm[:, None] * sa2m + offs_k[None, :] * sa2k
         b2_ptrs = b2_ptr + rn[None, :] * sb2n + offs_k[:, None] * sb2k
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
-        a = _load_f32(a_ptrs, k_ok[None, :], EVEN_K)
-        b = _load_f32(b_ptrs, k_ok[:, None], EVEN_K)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        b = _load_operand(b_ptrs, k_ok[:, None], EVEN_K, not SPLIT)
+        acc = tl.dot(_load_operand(a_ptrs, k_ok[None, :], EVEN_K, not SPLIT), b, acc, input_precision=PRECISION)
+        if SPLIT:
+            acc = tl.dot(_load_operand(a_lo_ptrs, k_ok[None, :], EVEN_K, False), b, acc)
+            a_lo_ptrs += BLOCK_K * sak
         a_ptrs += BLOCK_K * sak
         b_ptrs += BLOCK_K * sbk
         if TWO:
-            a2 = _load_f32(a2_ptrs, k_ok[None, :], EVEN_K)
-            b2 = _load_f32(b2_ptrs, k_ok[:, None], EVEN_K)
+            b2 = _load_operand(b2_ptrs, k_ok[:, None], EVEN_K, not SPLIT)
+            a2 = _load_operand(a2_ptrs, k_ok[None, :], EVEN_K, not SPLIT)
             acc = tl.dot(a2, b2, acc, input_precision=PRECISION)
+            if SPLIT:
+                acc = tl.dot(_load_operand(a2_lo_ptrs, k_ok[None, :], EVEN_K, False), b2, acc)
+                a2_lo_ptrs += BLOCK_K * sa2k
             a2_ptrs += BLOCK_K * sa2k
             b2_ptrs += BLOCK_K * sb2k
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -511,21 +542,30 @@ def _fit_inner(t, dim, bk):
     return t.contiguous() if bk * abs(t.stride(dim)) >= 2**31 else t
 
 
-def _gemm_sum(a, b, c, pairs_precision, block_m, block_n, block_k, group_m, a2=None, b2=None):
-    """c = a @ b (+ a2 @ b2): a [M, K], b [K, N], c [M, N] contiguous rows, any operand strides."""
+def _gemm_sum(a, b, c, pairs_precision, block_m, block_n, block_k, group_m, a2=None, b2=None, a_lo=None, a2_lo=None):
+    """c = a @ b (+ a2 @ b2): a [M, K], b [K, N], c [M, N] contiguous rows, any operand strides;
+    a_lo / a2_lo: a and a2 given as bf16 halves (a + a_lo), b and b2 bf16 (SPLIT)."""
     M, K = a.shape
     N = b.shape[1]
-    cfg = _config(M, N, K, 4, 2 if a2 is not None else 1, block_m, block_n, block_k, group_m)
+    split = a_lo is not None
+    pairs = 2 if a2 is not None else 1
+    cfg = _config(M, N, K, 2 if split else 4, pairs, block_m, block_n, block_k, group_m,
+                  a_tiles=2 * pairs if split else 1)
     bk = cfg["BLOCK_K"]
+    if split and (bk * max(abs(a.stride(1)), abs(b.stride(0))) >= 2**31):
+        a, a_lo, b = a.contiguous(), a_lo.contiguous(), b.contiguous()     # the halves keep one layout
     a, b = _fit_inner(a, 1, bk), _fit_inner(b, 0, bk)
     if a2 is not None:
+        if split and (bk * max(abs(a2.stride(1)), abs(b2.stride(0))) >= 2**31):
+            a2, a2_lo, b2 = a2.contiguous(), a2_lo.contiguous(), b2.contiguous()
         a2, b2 = _fit_inner(a2, 1, bk), _fit_inner(b2, 0, bk)
     else:
-        a2, b2 = a, b
+        a2, b2, a2_lo = a, b, a_lo
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-    _gemm_sum_kernel[grid](a, b, a2, b2, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+    _gemm_sum_kernel[grid](a, a_lo if split else a, b, a2, a2_lo if split else a2, b2, c, M, N, K,
+                           a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                            a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), c.stride(0),
-                           TWO=a2 is not a, EVEN_K=K % bk == 0, PRECISION=pairs_precision, **cfg)
+                           TWO=a2 is not a, EVEN_K=K % bk == 0, PRECISION=pairs_precision, SPLIT=split, **cfg)
 
 
 def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -538,10 +578,14 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
     for the upstream gradient dy [..., N]: with dz_gate = dy z_up act'(z_gate), dz_up = dy act(z_gate)
     (fp32), dx = dz_gate w_gate + dz_up w_up, dw = dz^T x per weight, db = the column sums of dz
     (None without that bias); fp32 accumulation, each output rounded once to x's dtype.
+    On a GPU, 16-bit inputs multiply in their own dtype in the projections (exact products), and
+    for bf16 the dz of dx and dw is carried as two bf16 halves (16 bits, TF32 keeps 10): bf16 dots
+    throughout. Elsewhere the operands are widened to fp32 (TF32 products for 16-bit inputs, true
+    fp32 ones for fp32).
     block_m / block_n / block_k / group_m set the tiles of all three GEMMs (tests)."""
     x2, N = _check_swiglu_args(x, w_gate, w_up, b_gate, b_up, activation,
-                               dict(out_dx=out_dx, out_dw_gate=out_dw_gate, out_dw_up=out_dw_up, out_db_gate=out_db_gate,
-                                    out_db_up=out_db_up))
+                               dict(out_dx=out_dx, out_dw_gate=out_dw_gate, out_dw_up=out_dw_up,
+                                    out_db_gate=out_db_gate, out_db_up=out_db_up))
     check_tensor("dy", dy, min_ndim=1)
     if tuple(dy.shape) != (*x.shape[:-1], N):
         raise ValueError(f"dy: expected shape {(*x.shape[:-1], N)} (x's rows, N), got {tuple(dy.shape)}")
@@ -564,25 +608,32 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
             t.zero_()
         return out_dx, out_dw_gate, out_dw_up, out_db_gate, out_db_up
     precision = _precision(dtype)
+    native = dtype in (torch.float16, torch.bfloat16) and not interpreting()    # the interpreter's bf16 dot: a gap
+    split = native and dtype == torch.bfloat16
     dy2 = dy.reshape(M, N)
-    dz = allocate((M, 2 * N), torch.float32, device, name="dz")
-    cfg = _config(M, N, K, 4, 2, block_m, block_n, block_k, group_m)
+    if split:
+        dz, dz_lo = (allocate((M, 2 * N), torch.bfloat16, device, name=n) for n in ("dz", "dz_lo"))
+    else:
+        dz = dz_lo = allocate((M, 2 * N), torch.float32, device, name="dz")
+    cfg = _config(M, N, K, 2 if native else 4, 2, block_m, block_n, block_k, group_m)
     n_m_tiles = triton.cdiv(M, cfg["BLOCK_M"])
     has_bias = b_gate is not None or b_up is not None
     part = partials(n_m_tiles, 2 * N, device, "db_partials") if has_bias else dz
     xk, wg, wu = (_fit_inner(t, 1, cfg["BLOCK_K"]) for t in (x2, w_gate, w_up))
     _swiglu_dz_kernel[(n_m_tiles * triton.cdiv(N, cfg["BLOCK_N"]),)](
-        xk, wg, wu, b_gate if b_gate is not None else wg, b_up if b_up is not None else wg, dy2, dz, part,
+        xk, wg, wu, b_gate if b_gate is not None else wg, b_up if b_up is not None else wg, dy2, dz, dz_lo, part,
         M, N, K, xk.stride(0), xk.stride(1), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1),
         b_gate.stride(0) if b_gate is not None else 0, b_up.stride(0) if b_up is not None else 0,
         dy2.stride(0), dy2.stride(1), ACT=activation, HAS_BG=b_gate is not None, HAS_BU=b_up is not None,
-        EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION=precision, **cfg)
+        EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION=precision, WIDEN=not native, SPLIT=split, **cfg)
     dz_gate, dz_up = dz[:, :N], dz[:, N:]
+    lo_gate, lo_up = (dz_lo[:, :N], dz_lo[:, N:]) if split else (None, None)
     if K:
         tiles = (block_m, block_n, block_k, group_m)
-        _gemm_sum(dz_gate, w_gate, out_dx.view(M, K), precision, *tiles, a2=dz_up, b2=w_up)
-        _gemm_sum(dz_gate.t(), x2, out_dw_gate, precision, *tiles)
-        _gemm_sum(dz_up.t(), x2, out_dw_up, precision, *tiles)
+        _gemm_sum(dz_gate, w_gate, out_dx.view(M, K), precision, *tiles, a2=dz_up, b2=w_up, a_lo=lo_gate,
+                  a2_lo=lo_up)
+        _gemm_sum(dz_gate.t(), x2, out_dw_gate, precision, *tiles, a_lo=lo_gate.t() if split else None)
+        _gemm_sum(dz_up.t(), x2, out_dw_up, precision, *tiles, a_lo=lo_up.t() if split else None)
     if out_db_gate is not None:
         sum_row_groups(part[:, :N], out_db_gate)
     if out_db_up is not None:

@@ -66,11 +66,16 @@ def fused_linear_cross_entropy(h, W, labels, ignore_index=-100, label_smoothing=
 
 @one_thread
 def fused_linear_cross_entropy_magnitudes(h, W, labels, ignore_index=-100, label_smoothing=0.0, softcap=None,
-                                          reduction="mean", floor=0.0):
+                                          reduction="mean", floor=0.0, dw_chunk_rows=None):
     """Per output (loss, dh, dW), (value, bound): what rtol and bound_rtol are relative to
     (docs/NUMERICS.md, "Fused linear cross-entropy"). `floor`: the size below which the gradient
     logits' rounding in the input dtype stops being relative (its smallest normal; fp16's over
-    the kernel's 2^15 scale), added to each gradient logit's terms."""
+    the kernel's 2^15 scale), added to each gradient logit's terms. dw_chunk_rows: dW rounded to
+    its dtype after each chunk of that many rows (dw_accumulation="dtype"): chunk j's rounding is
+    relative to the running sum, at most A_j = m_g^T |h| over the rows of chunks 1..j, so dW's
+    value term is (m_g^T |h| + sum_j A_j) / 2: m_g^T |h| again for one chunk (the gradient
+    logits' rounding and dW's one rounding, the 2 u the rtol is sized for), about (n_c + 1) / 2
+    of it for n_c equal chunks."""
     hn, Wn, zc, d, lse, lam, p, q, counted, s = _terms(h, W, labels, ignore_index, label_smoothing, softcap,
                                                        reduction)
     ha, Wa = hn.abs(), Wn.abs()
@@ -88,4 +93,9 @@ def fused_linear_cross_entropy_magnitudes(h, W, labels, ignore_index=-100, label
     if softcap is not None:
         w = w + s * G * (p - q).abs() * d / softcap
     w = torch.where(rows, w, 0.0)
-    return ((loss_value, loss_bound), (g_value @ Wa, w @ Wa), (g_value.T @ ha, w.T @ ha))
+    dw_value = g_value.T @ ha
+    if dw_chunk_rows is not None and hn.shape[0]:
+        chunk = torch.arange(hn.shape[0], device=hn.device) // dw_chunk_rows        # 0-based chunk of each row
+        later = (int(chunk[-1]) + 1 - chunk).to(torch.float64)[:, None]              # the partial sums it is in
+        dw_value = (dw_value + (later * g_value).T @ ha) / 2.0
+    return ((loss_value, loss_bound), (g_value @ Wa, w @ Wa), (dw_value, w.T @ ha))

@@ -665,6 +665,8 @@ BAD = [
     ("fused_linear_cross_entropy", "block 8", lambda d: FLCE(d, block=8), ValueError, "block"),
     ("fused_linear_cross_entropy", "num_splits zero", lambda d: FLCE(d, num_splits=0), ValueError, "num_splits"),
     ("fused_linear_cross_entropy", "gemm unknown", lambda d: FLCE(d, gemm="cublas"), ValueError, "gemm"),
+    ("fused_linear_cross_entropy", "dw_accumulation unknown", lambda d: FLCE(d, dw_accumulation="bf16"), ValueError, "dw_accumulation"),
+    ("fused_linear_cross_entropy", "dw_accumulation not a str", lambda d: FLCE(d, dw_accumulation=torch.bfloat16), TypeError, "dw_accumulation"),
     ("fused_linear_cross_entropy", "validate a string", lambda d: FLCE(d, validate="later"), ValueError, "validate"),
     ("fused_linear_cross_entropy", "loss_out fp16", lambda d: FLCE(d, loss_out=torch.zeros((), dtype=torch.float16, device=d)), TypeError, "loss_out"),
     ("fused_linear_cross_entropy", "loss_out shape", lambda d: FLCE(d, loss_out=torch.zeros(1, device=d)), ValueError, "loss_out"),

@@ -1,5 +1,7 @@
 """fused_linear_cross_entropy beyond the op checks (tests/test_ops.py): the autograd Function, its
 training steps, the chunk plans, determinism and the default plan's memory."""
+import math
+
 import pytest
 import torch
 
@@ -187,3 +189,121 @@ def test_the_gemm_path_is_chosen_by_dtype_and_shape():
     assert _use_torch_gemms(h16, "torch", None, 1) and _use_torch_gemms(h16, "torch", 16, 4)
     assert not _use_torch_gemms(h16, "triton", None, 4) and not _use_torch_gemms(h16, None, 16, 4)
     assert not _use_torch_gemms(h16, None, None, 4)         # on the CPU (interpreter)
+
+
+# dw_accumulation="dtype": dW rounded into W's dtype after each chunk (no fp32 [V, H] buffer).
+
+def _dtype_inputs(dtype, backend, config, chunk_size, shape=(40, 120, 24), **params):
+    case = Case.make(OP, dtype, shape, seed=7, config=config, dw_accumulation="dtype", chunk_size=chunk_size,
+                     **params)
+    return case, registry.get(OP).inputs(case, backend.device)
+
+
+@pytest.mark.op(OP)
+@pytest.mark.parametrize("dtype,config", [(d, c) for d in DTYPES for c in GEMMS
+                                          if not (d == "bfloat16" and c == "auto")])   # the interpreter's bf16 tl.dot
+def test_dw_in_dtype_dropping_one_chunk_is_rejected(dtype, config, backend, budgets):
+    """dw_accumulation="dtype" in 40 chunks of one row: the kernel passes its budget (the value term
+    grown with the chunks each row's term is summed through), and a dW that lost any one chunk
+    (the first, whose term the budget weighs 40 times, a middle one, the last) fails it: each row
+    dominates its label's column of dW, which the chunk-weighted bound does not hide."""
+    from oracles.cross_entropy import _terms
+    case, inp = _dtype_inputs(dtype, backend, config, 1)
+    op = registry.get(OP)
+    got = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp), gemm=GEMMS[config],
+                                             chunk_size=1, dw_accumulation="dtype")
+    _assert_within_budget(case, inp, got, budgets, backend)
+    expected = op.oracle(inp)
+    budget = budgets.get(OP, case.dtype, backend.name)
+    scale = op.error_scale(inp, expected)[2]
+    hn, Wn, zc, d, lse, lam, p, q, counted, s = _terms(inp["h"], inp["W"], inp["labels"], **_kw(inp))
+    g = torch.where(counted[:, None], s * (p - q) * d, 0.0)
+    for row in (0, 20, 39):
+        assert bool(counted[row])
+        wrong = (expected[2] - g[row][:, None] * hn[row][None, :]).to(inp["W"].dtype)
+        check = compare("dw", wrong, expected[2], budget, None, scale)
+        assert not check.passed, f"dW without chunk {row} passed (usage {check.usage:.3g})"
+
+
+@pytest.mark.op(OP)
+@pytest.mark.parametrize("config", tuple(GEMMS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dw_in_dtype_function_scales_in_place_once(dtype, config, backend, budgets):
+    """The Function with dw_accumulation="dtype": the loss and gradients are the launcher's (times
+    the upstream 3, in fp32, one rounding), W.grad is the launcher's own dW buffer (scaled in
+    place, taken by autograd without a copy: no second [V, H] tensor), and a second backward
+    through a retained graph raises instead of scaling twice."""
+    if dtype == "bfloat16" and config == "auto":
+        pytest.skip("the interpreter's bf16 tl.dot (gap interp-bf16-dot-triton-gemms)")
+    import kernels.cross_entropy as ce
+    case, inp = _dtype_inputs(dtype, backend, config, 8, shape=(19, 300, 24))
+    gemm = GEMMS[config]
+    got = kernels.fused_linear_cross_entropy(inp["h"], inp["W"], inp["labels"], **_kw(inp), gemm=gemm, chunk_size=8,
+                                             dw_accumulation="dtype")
+    _assert_within_budget(case, inp, got, budgets, backend)
+    made = {}
+
+    def launcher(*args, **kw):
+        out = launch(*args, **kw)
+        made["dw"] = out[2].data_ptr()
+        return out
+    launch = ce.fused_linear_cross_entropy
+    h = inp["h"].detach().clone().requires_grad_()
+    W = inp["W"].detach().clone().requires_grad_()
+    kw = _kw(inp)
+    ce.fused_linear_cross_entropy = launcher
+    try:
+        loss = FusedLinearCrossEntropyFunction.apply(h, W, inp["labels"], kw["ignore_index"], kw["label_smoothing"],
+                                                     kw["softcap"], kw["reduction"], 8, True, gemm, "dtype")
+    finally:
+        ce.fused_linear_cross_entropy = launch
+    assert torch.equal(loss.detach(), got[0])
+    out = 3.0 * loss
+    out.backward(retain_graph=True)
+    for grad, ours in zip((h.grad, W.grad), got[1:]):
+        assert torch.equal(grad, (ours.float() * 3.0).to(ours.dtype))
+    assert W.grad.data_ptr() == made["dw"]
+    with pytest.raises(RuntimeError, match="dw_accumulation"):
+        out.backward()
+
+
+def test_dw_in_dtype_plan_keeps_the_chunk_buffers_within_one_liger_chunk():
+    """dw_accumulation="dtype" (no fp32 accumulator): at Qwen2-1.5B's head and 16k tokens 128 rows
+    of bf16 gradient logits and 64 of fp32 logits, 78 MB, Liger's 256 rows of bf16 logits; within
+    that for other N, H and element sizes (at least 16 rows)."""
+    assert plan_chunks(16384, 151936, 1536, 2, dw_accumulation="dtype") == (128, 64)
+    for N in (4096, 8192, 16384, 65536):
+        for H in (896, 1536, 4096):
+            for es in (2, 4):
+                C, R = plan_chunks(N, 151936, H, es, dw_accumulation="dtype")
+                liger = 1 << (-(-N // -(-151936 // H)) - 1).bit_length()
+                assert C * es + R * 4 <= liger * es or C == 16, (N, H, es, C, R, liger)
+
+
+@pytest.mark.op(OP)
+@pytest.mark.parametrize("gemm", GEMMS.values())
+def test_dw_in_dtype_makes_no_fp32_accumulator(gemm, backend):
+    """dw_accumulation="dtype" over several chunks of fp16: no fp32 buffer of dW's size, dW's own
+    buffer the one it is accumulated in; within the budget of the op (torch's GEMMs: the scale in
+    the gradient logits; Triton's: in the GEMM's epilogue)."""
+    from kernels import _launch
+    made = []
+
+    def tracking(shape, dtype, device, *, name, zero=False):
+        made.append((name, tuple(shape), dtype))
+        return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(40, 64, generator=gen).half().to(backend.device)
+    W = torch.randn(300, 64, generator=gen).half().to(backend.device)
+    labels = torch.randint(0, 300, (40,), generator=gen).to(backend.device)
+    previous = _launch.set_allocator(tracking)
+    try:
+        loss, dh, dw = kernels.fused_linear_cross_entropy(h, W, labels, chunk_size=16, gemm=gemm,
+                                                          dw_accumulation="dtype")
+    finally:
+        _launch.set_allocator(previous)
+    names = [n for n, _, _ in made]
+    assert "dw_accumulator" not in names and names.count("out_dw") == 1, made
+    assert not [m for m in made if m[2] == torch.float32 and math.prod(m[1]) >= 300 * 64], made
+    assert dw.dtype == torch.float16 and bool(dw.isfinite().all())

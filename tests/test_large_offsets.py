@@ -62,7 +62,8 @@ def test_embedding_writes_and_reads_features_past_2_31_elements(op, dtype, confi
 HUGE_D = 16384
 HUGE_ROWS = {"rows": 2**31 // HUGE_D + 2,                  # the last row starts 2^31 + 16384 elements in
              "features_outermost": 2**31 // (HUGE_D - 1) + 2}  # the last column starts past 2^31
-ROW_OPS = ("rmsnorm", "layernorm", "add_rmsnorm", "softmax")
+# softmax_backward: its kernel's int64 row ids (mutants 6d8e6beb6f, c918de4b08 survived without this case)
+ROW_OPS = ("rmsnorm", "layernorm", "add_rmsnorm", "softmax", "softmax_backward")
 
 
 def _judge_tail(op: str, got: tuple, tail_inputs: dict, budget, where: str) -> None:
@@ -98,6 +99,8 @@ def _huge_inputs(op: str, device, layout: str):
         return {"x": x, "w": w, "b": torch.randn(HUGE_D, generator=g).half().to(device), "eps": 1e-5}
     if op == "add_rmsnorm":
         return {"x": x, "residual": tall(), "w": w, "eps": 1e-6}
+    if op == "softmax_backward":    # y need not be a softmax for the gradient's formula to be judged
+        return {"dy": x, "y": tall(), "scale": 1.0, "causal": False}
     return {"x": x, "scale": 1.0, "causal": False}
 
 
@@ -505,3 +508,205 @@ def test_gated_delta_decode_state_past_2_31_elements(layout, backend, budgets):
     del storage, state
     if backend.name == "gpu":
         torch.cuda.empty_cache()
+
+
+# MoE. moe and moe_mxfp4 address expert e's weights as e x the expert stride (an int32 argument
+# below 2^31: only an int64 e keeps it from wrapping), x's rows as token x row stride, and the
+# [slots, H] buffers and y as slot (or token) x H; moe_route its logits as token x row stride and
+# expert x column stride; moe_permute its ids as token x row stride. The tests below put the
+# judged experts' weights, tokens, logits or ids past 2^31 elements (bytes, for MXFP4) and judge
+# only those tokens, against the float64 oracle on copies of the experts they use, under the
+# op's budget. Entries T k past 2^31 are not tested: moe_permute refuses a capacity past int32 (its
+# outputs are int32 slot indices, by design), so moe and moe_mxfp4 never reach them, and
+# moe_route's own [T, k] outputs there would take 16 GiB of ids and weights for the same int64
+# token offsets that logits past 2^31 reach below.
+MOE_HUGE = {"E": 513, "H": 2048, "I": 2048}   # w13[e] starts e 2^23 elements in, w2[e] e 2^22
+
+
+def _moe_expert_layouts():
+    # name: (T, how the weights sit in their storage)
+    return {"decode": (4, "rows"), "prefill": (16512, "rows"), "prefill_pointer": (16512, "transposed")}
+
+
+def _routed(T, experts, gen, device):
+    """topk_ids [T, len(experts)]: every token on all of `experts`, each token in its own order
+    (the combine sums in slot order), and positive fp32 weights summing to about 1."""
+    order = torch.argsort(torch.rand(T, len(experts), generator=gen), dim=1)
+    ids = torch.tensor(experts, dtype=torch.int32)[order]
+    w = torch.rand(T, len(experts), generator=gen).add_(0.1)
+    return ids.to(device), (w / w.sum(1, keepdim=True)).to(device)
+
+
+def _compact(ids, used, *weights):
+    """The judged tokens' ids renumbered into `used`, and copies of those experts of each weight
+    tensor: the oracle's float64 weights stay a few experts, not E of them (nor GiBs)."""
+    lut = torch.full((max(used) + 1,), -1, dtype=torch.int32, device=ids.device)
+    lut[list(used)] = torch.arange(len(used), dtype=torch.int32, device=ids.device)
+    return (lut[ids.long()], *(w[list(used)] for w in weights))
+
+
+@pytest.mark.parametrize("op,dtype,config,layout", [pytest.param("moe", "float16", "huge", lay, id=lay,
+                                                                 marks=pytest.mark.op("moe"))
+                                                    for lay in _moe_expert_layouts()])
+def test_moe_reads_experts_past_2_31_elements(op, dtype, config, layout, backend, budgets):
+    """w13 [513, 4096, 2048] and w2 [513, 2048, 2048] as views of one fp16 storage of 2^32 + 2^23
+    elements (8 GiB) from its start (w2 shares w13's first half: both are only read). Every token
+    goes to experts 511 and 512: their w13 starts 2^32 - 2^23 and 2^32 elements in, expert 512's w2
+    2^31. decode: 4 tokens, the pointer kernels' 16-row blocks; prefill: 16512 tokens (64 entries
+    an expert: on a Hopper GPU the TMA kernels, which gather x and read the weights through
+    descriptors); prefill_pointer: the same with the weights stored transposed ([E, H, 2I] and
+    [E, I, H]), which the pointer kernels take in 64-row blocks."""
+    assert backend.name == "gpu", "2^13 programs of 2^22-element experts in the interpreter: hours " \
+                                  "(declared gap interp-huge-rows)"
+    from harness.ops.moe import float_weights
+    from kernels.moe import _use_tma
+
+    E, H, I = MOE_HUGE["E"], MOE_HUGE["H"], MOE_HUGE["I"]
+    T, how = _moe_expert_layouts()[layout]
+    dev, g = backend.device, torch.Generator().manual_seed(13)
+    storage = torch.empty(E * 2 * I * H, dtype=torch.float16, device=dev)
+    if how == "rows":
+        w13, w2 = storage.view(E, 2 * I, H), storage[:E * H * I].view(E, H, I)
+    else:
+        w13, w2 = storage.view(E, H, 2 * I).transpose(1, 2), storage[:E * H * I].view(E, I, H).transpose(1, 2)
+    used = [E - 2, E - 1]
+    a, b = (w.half().to(dev) for w in float_weights((T, H, I, len(used)), g))
+    for j, e in enumerate(used):
+        w13[e], w2[e] = a[j], b[j]
+    assert torch.equal(w13[used], a) and torch.equal(w2[used], b), "the used experts' w13 and w2 overlap"
+    assert w13[E - 1].storage_offset() >= 2**32 and w2[E - 1].storage_offset() >= 2**31
+    x = torch.randn(T, H, generator=g).half().to(dev)
+    ids, tw = _routed(T, used, g, dev)
+    hopper = torch.cuda.get_device_capability(dev)[0] >= 9
+    assert _use_tma(x, w13, w2, T, 2, E, None) == (layout == "prefill" and hopper), f"{layout}: not the path meant"
+    y = kernels.moe(x, w13, w2, ids, tw)
+    n = min(T, 8)
+    tids, c13, c2 = _compact(ids[-n:], used, w13, w2)
+    tail = {"x": x[-n:].clone(), "w13": c13, "w2": c2, "topk_ids": tids, "topk_weights": tw[-n:].clone()}
+    _judge_tail(op, (y[-n:],), tail, budgets.get(op, dtype, backend.name),
+                f"{layout}, tokens {T - n}..{T - 1} on experts {used}")
+    del storage, w13, w2, y
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config,path", [pytest.param("moe", "float16", "huge", path, id=path,
+                                                               marks=pytest.mark.op("moe"))
+                                                  for path in ("tma", "pointer")])
+def test_moe_reads_and_writes_tokens_past_2_31_elements(op, dtype, config, path, backend, budgets):
+    """x and y [2^21 + 64, 1024] (the last 64 tokens start past 2^31 elements), one expert slot a
+    token, so the fp32 [slots, H] buffer of the down GEMM passes 2^31 elements too (and on the TMA
+    path the gathered x). Two experts of I = 32. tma: row-major weights, which a Hopper GPU takes
+    through the TMA kernels (20 GiB: x, y and the gathered x 4 GiB each, the buffer 8); pointer:
+    the weights stored transposed, the pointer kernels (16 GiB)."""
+    assert backend.name == "gpu", "2^17 programs in the interpreter: hours (declared gap interp-huge-rows)"
+    from harness.ops.moe import _store, float_weights
+    from kernels.moe import _use_tma
+
+    T, H, I, E = 2**31 // 1024 + 64, 1024, 32, 2
+    dev, g = backend.device, torch.Generator().manual_seed(14)
+    x = torch.zeros(T, H, dtype=torch.float16, device=dev)
+    x[-64:] = torch.randn(64, H, generator=g).half().to(dev)
+    w13, w2 = (_store(w.half(), path == "pointer", dev) for w in float_weights((T, H, I, E), g))
+    ids = torch.randint(0, E, (T, 1), generator=g, dtype=torch.int32).to(dev)
+    tw = torch.rand(T, 1, generator=g).add_(0.5).to(dev)
+    hopper = torch.cuda.get_device_capability(dev)[0] >= 9
+    assert _use_tma(x, w13, w2, T, 1, E, None) == (path == "tma" and hopper), f"{path}: not the path meant"
+    y = kernels.moe(x, w13, w2, ids, tw)
+    tail = {"x": x[-64:].clone(), "w13": w13, "w2": w2, "topk_ids": ids[-64:].clone(), "topk_weights": tw[-64:].clone()}
+    _judge_tail(op, (y[-64:],), tail, budgets.get(op, dtype, backend.name), f"{path}, tokens {T - 64}..{T - 1}")
+    del x, y
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config,layout", [
+    pytest.param("moe_mxfp4", dt, "huge", lay, id=f"{dt}-{lay}", marks=pytest.mark.op("moe_mxfp4"))
+    for dt in ("float16", "bfloat16") for lay in ("decode", "prefill")])
+def test_moe_mxfp4_reads_experts_past_2_31_bytes(op, dtype, config, layout, backend, budgets):
+    """w13_q, w13_scales, w2_q and w2_scales as views of one uint8 storage (2 GiB), each expert's
+    four side by side and the experts 2^30 + 64 bytes apart: expert 2's codes and scales start
+    past 2^31 bytes, and the expert stride is an int32 argument, so only int64 expert indices
+    reach them. Every token goes to experts 0 and 2. decode: 4 tokens (16-row blocks); prefill:
+    256 (64-row blocks); bf16 takes tl.dot_scaled on a GPU (normal weights: no special scale)."""
+    assert backend.name == "gpu", "hours in the interpreter (declared gap interp-huge-rows)"
+    from harness.ops.moe import float_weights, quantize
+
+    E, H, I, apart = 3, 512, 256, 2**30 + 64
+    T = {"decode": 4, "prefill": 256}[layout]
+    dev, g = backend.device, torch.Generator().manual_seed(15)
+    rows = {"w13_q": (2 * I, H // 2), "w13_scales": (2 * I, H // 32), "w2_q": (H, I // 2), "w2_scales": (H, I // 32)}
+    storage = torch.empty(2 * apart + sum(r * c for r, c in rows.values()), dtype=torch.uint8, device=dev)
+    w, at = {}, 0
+    for name, (r, c) in rows.items():
+        w[name] = storage.as_strided((E, r, c), (apart, c, 1), at)
+        at += r * c
+    used = [0, 2]
+    a, b = float_weights((T, H, I, len(used)), g)
+    (q13, s13), (q2, s2) = quantize(a), quantize(b)
+    for j, e in enumerate(used):
+        for name, v in zip(rows, (q13, s13, q2, s2)):
+            w[name][e] = v[j].to(dev)
+    assert w["w13_q"][2].storage_offset() > 2**31
+    x = torch.randn(T, H, generator=g).to(getattr(torch, dtype)).to(dev)
+    ids, tw = _routed(T, used, g, dev)
+    y = kernels.moe_mxfp4(x, *w.values(), ids, tw)
+    n = min(T, 8)
+    tids, *compact = _compact(ids[-n:], used, *w.values())
+    tail = {"x": x[-n:].clone(), **dict(zip(rows, compact)), "topk_ids": tids, "topk_weights": tw[-n:].clone()}
+    _judge_tail(op, (y[-n:],), tail, budgets.get(op, dtype, backend.name),
+                f"{layout}, tokens {T - n}..{T - 1} on experts {used}")
+    del storage, w, y
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config,layout", [pytest.param("moe_route", "float16", "huge", lay, id=lay,
+                                                                 marks=pytest.mark.op("moe_route"))
+                                                    for lay in ("rows", "experts_outermost")])
+def test_moe_route_reads_logits_past_2_31_elements(op, dtype, config, layout, backend, budgets):
+    """logits [T, 256] fp16 (4 GiB). rows: the last 16 tokens start past 2^31 elements (token
+    offsets in int64, and so the [T, 8] outputs' rows); experts_outermost: stored [256, T] and used
+    transposed, so expert e's logit sits e x T elements in, past 2^31 for the last expert (column
+    offsets in int64). The last 16 tokens' ids and weights are judged, and the permutation of
+    their ids (a small call, as the op's checks make it)."""
+    assert backend.name == "gpu", "2^21 programs in the interpreter: hours (declared gap interp-huge-rows)"
+    E, k, dev = 256, 8, backend.device
+    if layout == "rows":
+        T = 2**31 // E + 16
+        logits = torch.zeros(T, E, dtype=torch.float16, device=dev)
+    else:
+        T = 2**31 // (E - 1) + 16
+        logits = torch.zeros(E, T, dtype=torch.float16, device=dev).t()
+    assert max(s * (n - 1) for s, n in zip(logits.stride(), logits.shape)) >= 2**31
+    g = torch.Generator().manual_seed(16)
+    logits[-16:] = torch.randn(16, E, generator=g).half().to(dev)
+    ids, w = kernels.moe_route(logits, k, renormalize=True)
+    tail = {"logits": logits[-16:].clone(), "top_k": k, "scoring": "softmax", "bias": None, "renormalize": True,
+            "routed_scaling_factor": 1.0, "block": 16}
+    got = (ids[-16:], w[-16:], *kernels.moe_permute(ids[-16:], E, 16))
+    _judge_tail(op, got, tail, budgets.get(op, dtype, backend.name), f"{layout}, tokens {T - 16}..{T - 1}")
+    del logits
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config,chunks", [pytest.param("moe_route", "float16", "huge", c, id=c,
+                                                                 marks=pytest.mark.op("moe_route"))
+                                                    for c in ("one_chunk", "chunks")])
+def test_moe_permute_reads_ids_past_2_31_elements(op, dtype, config, chunks, backend):
+    """topk_ids [3, k] int32 with its tokens 2^30 + 64 elements apart (one 8 GiB storage): token
+    2's ids sit past 2^31 elements, reached only through int64 entry offsets (the row stride is an
+    int32 argument). one_chunk: 8 experts, k 4 (the one-launch permutation); chunks: 1024 experts,
+    k 16 (chunks of 16 entries: the count and scatter kernels read the ids). Judged exactly
+    against the float64 oracle, as the op judges these integers."""
+    assert backend.name == "gpu", "8 GiB of ids in the interpreter (declared gap interp-huge-rows)"
+    import oracles
+
+    E, K = (8, 4) if chunks == "one_chunk" else (1024, 16)
+    apart, dev, g = 2**30 + 64, backend.device, torch.Generator().manual_seed(17)
+    storage = torch.empty(2 * apart + K, dtype=torch.int32, device=dev)
+    ids = storage.as_strided((3, K), (apart, 1))
+    ids[:] = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(3)]).to(torch.int32).to(dev)
+    got = kernels.moe_permute(ids, E, 4)
+    expected = oracles.moe_permute(ids.clone(), E, 4)
+    for name, o, e in zip(("sorted_ids", "block_expert", "num_padded", "inv"), got, expected):
+        assert torch.equal(o.double(), e), f"moe_permute {name} ({chunks}): {o.tolist()} against {e.tolist()}"
+    del storage, ids
+    torch.cuda.empty_cache()

@@ -1077,6 +1077,16 @@ def _last_chunk(i):
     return np.arange((N - 1) // C * C, N)
 
 
+def _after_first_dtype_chunk(i):
+    """The rows after the first chunk of dw_accumulation="dtype"'s plan (the launcher's, as the op's
+    inputs record it; fp32 inputs, which have no such rounding, by the same plan)."""
+    from kernels.cross_entropy import plan_chunks
+    N, H = i["h"].shape
+    C = i["dw_chunk_rows"] or plan_chunks(N, i["W"].shape[0], H, i["h"].element_size(), i["chunk_size"], None,
+                                          "dtype")[0]
+    return np.arange(min(C, N), N)
+
+
 SPECIFIC["fused_linear_cross_entropy"] = {
     "gradients_without_the_mean": ({}, lambda i, e: _flce(i, unscaled_grads=True)),
     "ignored_rows_contribute": ({}, lambda i, e: _flce(i, ignored_rows_count=True)),
@@ -1084,6 +1094,9 @@ SPECIFIC["fused_linear_cross_entropy"] = {
     "cap_slope_dropped": (dict(softcap=2.0), lambda i, e: _flce(i, no_slope=True)),
     "cap_dropped": (dict(softcap=30.0), lambda i, e: _flce(i, no_cap=True)),
     "dw_of_the_last_chunk_only": ({}, lambda i, e: _flce(i, dw_rows=_last_chunk(i))),
+    # dW rounded into W's dtype after each chunk: its looser budget still sees the first chunk lost
+    "dw_in_dtype_first_chunk_lost": (dict(dw_accumulation="dtype"),
+                                     lambda i, e: _flce(i, dw_rows=_after_first_dtype_chunk(i))),
     "smoothing_dropped": (dict(smoothing=0.1), lambda i, e: _flce(i, no_smoothing=True)),
     "label_off_by_one": ({}, lambda i, e: _flce(i, label_shift=1)),
 }

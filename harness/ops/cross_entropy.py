@@ -6,7 +6,9 @@ for normal h); the layout applies to h and W alike. Params: `labels` how they ar
 in [0, V), "edges": 0 and V - 1 alternating), `ignore` which rows carry ignore_index ("none",
 "some": every third, "all"), `ignore_index` (-100, or a class id: 0), `ids` the labels' dtype,
 `labels_layout` ("contiguous" / "strided": every other element of a longer tensor),
-`smoothing`, `softcap` (absent: none), `reduction`.
+`smoothing`, `softcap` (absent: none), `reduction`, `dw_accumulation` ("fp32", the default, or
+"dtype": dW rounded into W's dtype after each chunk, judged by a value term grown with the chunk
+count: docs/NUMERICS.md), `chunk_size` (rows per chunk, over the config's).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 import kernels
 import oracles
+from kernels.cross_entropy import plan_chunks
 import references
 from harness.cases import Case, lay_out, make_input
 from harness.compare import Magnitudes
@@ -47,6 +50,7 @@ GRAD_FLOOR = {torch.float32: torch.finfo(torch.float32).smallest_normal,
               torch.float16: torch.finfo(torch.float16).smallest_normal / 2.0 ** 15,
               torch.bfloat16: torch.finfo(torch.bfloat16).smallest_normal}
 FP32_SUBNORMAL = 2.0 ** -149          # the spacing of fp32's subnormals
+SUBNORMAL = {torch.float16: 2.0 ** -24, torch.bfloat16: 2.0 ** -133}      # and of the 16-bit dtypes
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}   # unit roundoff
 # The loss is fp32 in every dtype, and one budget per dtype serves all three outputs: a 16-bit
 # dtype's rtol, 4 of its own units (sized for dh and dW), reads as LOSS_UNITS[dtype] x 4 fp32
@@ -73,6 +77,13 @@ def make_labels(N, V, pick, ignore, ignore_index, dtype, strided, gen, device):
     return storage.to(device)[0::2]                            # strided on the device too
 
 
+def _grad_scale(inp):
+    """s: 1 / n ("mean", n the rows that count, at least 1) or 1 ("sum")."""
+    if inp["reduction"] != "mean":
+        return 1.0
+    return 1.0 / max(int((inp["labels"] != inp["ignore_index"]).sum()), 1)
+
+
 class FusedLinearCrossEntropy(Op):
     name = "fused_linear_cross_entropy"
     outputs = ("loss", "dh", "dw")
@@ -88,9 +99,14 @@ class FusedLinearCrossEntropy(Op):
         labels = make_labels(N, V, case.param("labels", "random"), case.param("ignore", "some"), ignore_index,
                              case.param("ids", "int64"), case.param("labels_layout", "contiguous") == "strided", gen,
                              device)
+        mode, chunk = case.param("dw_accumulation", "fp32"), case.param("chunk_size")
+        rows = plan_chunks(N, V, H, h.element_size(), chunk or self.configs[case.config].get("chunk_size"),
+                           None, mode)[0]
         return {"h": h, "W": W, "labels": labels, "ignore_index": ignore_index,
                 "label_smoothing": case.param("smoothing", 0.0), "softcap": case.param("softcap"),
-                "reduction": case.param("reduction", "mean")}
+                "reduction": case.param("reduction", "mean"), "dw_accumulation": mode, "chunk_size": chunk,
+                # the launcher's rows per chunk where dW is rounded to a 16-bit dtype after each (error_scale)
+                "dw_chunk_rows": min(rows, max(N, 1)) if mode == "dtype" and h.dtype != torch.float32 else None}
 
     def _args(self, inp):
         return (inp["h"], inp["W"], inp["labels"])
@@ -106,6 +122,9 @@ class FusedLinearCrossEntropy(Op):
         return torch.float32 if name == "loss" else case.torch_dtype
 
     def kernel(self, inp, out, **config):
+        config = {**config, "dw_accumulation": inp["dw_accumulation"]}
+        if inp["chunk_size"] is not None:
+            config["chunk_size"] = inp["chunk_size"]
         return kernels.fused_linear_cross_entropy(*self._args(inp), **self._kw(inp), loss_out=out["loss"],
                                                   out_dh=out["dh"], out_dw=out["dw"], **config)
 
@@ -123,8 +142,15 @@ class FusedLinearCrossEntropy(Op):
         value term is scaled by LOSS_UNITS (4 u32 / u(dtype) for fp16 and bf16), so that the
         dtype's rtol, sized for the rounding of dh and dW, reads as fp32 roundings for it."""
         dtype = inp["h"].dtype
-        mags = oracles.fused_linear_cross_entropy_magnitudes(*self._args(inp), **self._kw(inp),
-                                                             floor=GRAD_FLOOR[dtype])
+        rows = inp.get("dw_chunk_rows")
+        floor = GRAD_FLOOR[dtype]
+        if rows is not None:
+            # torch's GEMMs store the gradient logits times s (_mm_into's scale is a host number):
+            # their absolute rounding below the dtype's smallest normal is then not scaled by s
+            # (the Triton GEMMs', which is, taken as large: the budget cannot tell the paths apart)
+            floor = floor / _grad_scale(inp)
+        mags = oracles.fused_linear_cross_entropy_magnitudes(*self._args(inp), **self._kw(inp), floor=floor,
+                                                             dw_chunk_rows=rows)
         (loss_value, loss_bound), (dh_value, dh_bound), (dw_value, dw_bound) = mags
         loss = Magnitudes(value=loss_value * LOSS_UNITS[dtype], bound=loss_bound)
         # fp32 underflow, absolute (extra): a GEMM product below fp32's smallest normal rounds by up
@@ -133,7 +159,12 @@ class FusedLinearCrossEntropy(Op):
         # inputs was off by 2.5-5.5 spacings, over an atol of 2.
         n_rows, vocab = inp["h"].shape[0], inp["W"].shape[0]
         dh = Magnitudes(value=dh_value, bound=dh_bound, extra=torch.tensor((vocab + 1) * FP32_SUBNORMAL))
-        dw = Magnitudes(value=dw_value, bound=dw_bound, extra=torch.tensor((n_rows + 1) * FP32_SUBNORMAL))
+        dw_extra = (n_rows + 1) * FP32_SUBNORMAL
+        if rows is not None:
+            # each chunk's rounding into dW's 16-bit dtype below its smallest normal: half a
+            # subnormal spacing, absolute
+            dw_extra += -(-n_rows // rows) * SUBNORMAL[dtype] / 2
+        dw = Magnitudes(value=dw_value, bound=dw_bound, extra=torch.tensor(dw_extra))
         return loss, dh, dw
 
     def cases(self, dtype, size, config):
@@ -160,7 +191,8 @@ class FusedLinearCrossEntropy(Op):
                       "ids": draw(st.sampled_from(tuple(IDS))),
                       "labels_layout": draw(st.sampled_from(("contiguous", "strided"))),
                       "smoothing": draw(st.sampled_from((0.0, 0.1, 1.0))),
-                      "reduction": draw(st.sampled_from(("mean", "sum")))}
+                      "reduction": draw(st.sampled_from(("mean", "sum"))),
+                      "dw_accumulation": draw(st.sampled_from(("fp32", "dtype")))}
             cap = draw(st.sampled_from((None, 30.0, 2.0)))
             if cap is not None:
                 params["softcap"] = cap
@@ -210,6 +242,22 @@ class FusedLinearCrossEntropy(Op):
         out += [case((9, 300, 32), softcap=2.0, smoothing=0.1, reduction="sum", config="torch_mm", seed=19),
                 case((9, 100, 32), ignore="all", config="torch_mm", seed=19),
                 case((3, 151936, 8), config="torch_mm", seed=20)]
+        # dW accumulated in W's dtype (dw_accumulation="dtype"): the default plan (two chunks of 16),
+        # many chunks (40 of one row, 7 of three; the value term grows with them), Qwen2's vocabulary
+        # in one-row chunks, and the tiny regime's subnormal partial sums; torch's GEMMs (the scale
+        # folded into the gradient logits) and, in fp16, Triton's (bf16's tl.dot: the interpreter's
+        # gap). fp32 takes the fp32 mode's path (its Triton GEMMs): the default plan and a cap only.
+        out += [case((24, 300, 32), dw_accumulation="dtype", softcap=2.0, reduction="sum", config="torch_mm",
+                     seed=24)]
+        if dtype != "float32":
+            out += [case((40, 120, 24), dw_accumulation="dtype", chunk_size=1, config="torch_mm", seed=21),
+                    case((3, 151936, 8), dw_accumulation="dtype", chunk_size=1, config="torch_mm", seed=22),
+                    case((33, 100, 16), values="tiny", dw_accumulation="dtype", chunk_size=2, config="torch_mm",
+                         seed=23)]
+        if dtype != "bfloat16":
+            out += [case((24, 300, 32), dw_accumulation="dtype", seed=25)]
+        if dtype == "float16":
+            out += [case((20, 120, 24), dw_accumulation="dtype", chunk_size=3, config="small", seed=26)]
         if dtype != "bfloat16":
             # Exactly zero gradients whatever the logits (every label ignored, under both reductions,
             # with and without smoothing; one class), or no rows: the interpreter's garbage bf16
