@@ -56,7 +56,7 @@ def sweep(rows_out):
             out = torch.empty(M, N, device="cuda", dtype=DT)
             for bm, bn, bk, warps, stages in configs:
                 cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
-                weights, biases = ([w, w2], (b, b)) if gated else ([w], (b, None))
+                weights, biases = (gemm._weight_pair(w, w2), (b, b)) if gated else (w, (b, None))
                 act = "silu" if gated else "none"
                 label = f"sweep {'swiglu' if gated else 'matmul'} {M}x{K}x{N} {bm}x{bn}x{bk} w{warps} s{stages}"
                 ms = attempt(label, lambda: bench(lambda: gemm._launch_tma(a, weights, biases, out, act, cfg, gated)))
@@ -150,8 +150,9 @@ def gemm_rows():
             w_both = torch.cat([w, rand(N, K, g=g, scale=K ** -0.5)])      # a merged gate_up weight [2N, K]
             wg, wu = w_both[:N], w_both[N:]
             w2 = wu.clone()
-            # Separate weights (the pointer kernel) and the halves of one merged weight (the TMA
-            # path, one accumulator); the peers get the same tensors.
+            # Separate weights (two allocations, one 3-D descriptor over both by their distance)
+            # and the halves of one merged weight (the TMA path, one accumulator either way); the
+            # peers get the same tensors.
             for label, gate, up in (("separate weights", w, w2), ("merged gate_up weight", wg, wu)):
                 row = {"op": f"swiglu (silu), {label}", "shape": f"M{M} K{K} N{N}", "unit": "TFLOP/s"}
                 for peer, fn in (("ours", lambda: kernels.swiglu(a, gate, up)),
@@ -237,10 +238,12 @@ def bandwidth_rows(copy):
         nbytes = 2 * ids.numel() * H * table.element_size() + ids.numel() * ids.element_size()
         row = {"op": "embedding", "shape": f"32768 ids x {H}, vocab 151936", "unit": "GB/s"}
         for peer, fn in (("ours", lambda: kernels.embedding(ids, table)),
+                         ("ours validate=deferred", lambda: kernels.embedding(ids, table, validate="deferred")),
                          ("ours validate=False", lambda: kernels.embedding(ids, table, validate=False)),
                          ("F.embedding", lambda: F.embedding(ids, table))):
             ms = attempt(f"embedding {H} {peer}", lambda: bench(fn))
             row[peer] = gbps(nbytes, ms) if ms else None
+        kernels.raise_deferred_errors()
         rows.append(row)
         print(row, flush=True)
         del table

@@ -11,10 +11,12 @@ tiles running at the same time share their weight columns in L2.
 Two paths, one result: fp16/bf16 operands that are row-major with 16-byte aligned rows (the
 usual case) go to a persistent kernel fed by TMA descriptors; anything else (fp32, transposed or
 sliced weights, odd K) to the pointer kernel, which takes any strides; so do 16-bit matmuls of at
-most 16 rows (decode), with narrow tiles that spread the weight over many programs. SwiGLU takes the TMA path
-when its two weights are the halves of one [2N, K] tensor (a merged gate_up projection), where
-one accumulator covers both; two separate weights keep the pointer kernel. The tests reach
-every path: contiguous cases (merged or not) and the other layouts and fp32.
+most 16 rows (decode), with narrow tiles that spread the weight over many programs. SwiGLU's TMA
+path reads both weights through one 3-D descriptor [2, N, K] whose first stride is the distance
+between them, so one accumulator covers both: the halves of one [2N, K] tensor (a merged gate_up
+projection, either order) anywhere, and two separate weights on a CUDA device (the descriptor
+addresses device memory and never touches what lies between them). The tests reach every path:
+contiguous cases (merged, separate, either order) and the other layouts and fp32.
 
 SwiGLU's backward pass (swiglu_backward) is three pointer GEMMs with fp32 accumulation: the first
 recomputes both projections z_gate, z_up tile by tile and turns them, with dy, into
@@ -91,7 +93,7 @@ def _gemm_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, M, N, K,
 @triton.jit
 def _gemm_tma_kernel(a_desc, w_desc, b_ptr, b2_ptr, y_desc, M, N, K, sb, sb2,
                      ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS2: tl.constexpr, GATED: tl.constexpr,
-                     NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     UP_FIRST: tl.constexpr, NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """The same GEMM for 16-bit row-major operands, Hopper style: persistent (NUM_PROGRAMS
     programs, one per SM, walk the output tiles in grouped order) with tiles moved by TMA
@@ -99,8 +101,8 @@ def _gemm_tma_kernel(a_desc, w_desc, b_ptr, b2_ptr, y_desc, M, N, K, sb, sb2,
     the part of a tile inside y, so no masks are needed (H200: 0.96-1.01x cuBLAS against 0.81x
     for one program per tile with pointer loads, bench/NOTES.md).
 
-    GATED (SwiGLU): w_desc is a 3-D descriptor over the two weights as [2, N, K] (gate, up).
-    One [2, BLOCK_N, BLOCK_K] box is one operand of 2 BLOCK_N rows, so a single
+    GATED (SwiGLU): w_desc is a 3-D descriptor over the two weights as [2, N, K] (gate, up; up,
+    gate when UP_FIRST). One [2, BLOCK_N, BLOCK_K] box is one operand of 2 BLOCK_N rows, so a single
     BLOCK_M x 2 BLOCK_N accumulator holds the gate and up tiles side by side; they are split
     in registers for the epilogue. (Two accumulators with two dots per K step ran 0.82x of
     this on the H200.)"""
@@ -119,6 +121,8 @@ def _gemm_tma_kernel(a_desc, w_desc, b_ptr, b2_ptr, y_desc, M, N, K, sb, sb2,
                 w = w_desc.load([0, off_n, k * BLOCK_K]).reshape(2 * BLOCK_N, BLOCK_K)
                 acc = tl.dot(a, w.T, acc)
             gate, up = acc.reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1).split()
+            if UP_FIRST:
+                gate, up = up, gate
             if HAS_BIAS:
                 gate += tl.load(b_ptr + cols * sb, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             if HAS_BIAS2:
@@ -273,36 +277,51 @@ def _programs(device, tiles):
     return min(tiles, _SM_COUNT[device])
 
 
-def _merged_weights(w_gate, w_up):
-    """The two SwiGLU weights as one [2, N, K] view, when they are the halves of one
-    row-major tensor ([w_gate; w_up], as a merged gate_up projection stores them: the up rows
-    start a 16-byte multiple after the gate rows, without overlap); else None."""
+def _weight_pair(w_gate, w_up):
+    """SwiGLU's two [N, K] weights as one [2, N, K] operand of a 3-D TMA descriptor:
+    (base, gap, up_first), the weight lower in memory, the element distance to the other and
+    whether the lower one is w_up; None when they do not fit. Both must be row-major, the
+    distance a 16-byte multiple of at least N K elements (no shared rows). The halves of one
+    tensor (a merged gate_up projection, either order) fit on any device, and base is then a
+    [2, N, K] view of that storage; two separate tensors fit only on a CUDA device, where the
+    descriptor addresses device memory by the distance and never touches what lies between them
+    (the interpreter, and its guard, know one tensor per argument)."""
     N, K = w_gate.shape
-    if w_gate.stride() != (K, 1) or w_up.stride() != (K, 1) or N == 0:
+    if w_gate.stride() != (K, 1) or w_up.stride() != (K, 1) or N == 0 or K == 0:
         return None
-    if w_gate.untyped_storage().data_ptr() != w_up.untyped_storage().data_ptr():
+    shared = w_gate.untyped_storage().data_ptr() == w_up.untyped_storage().data_ptr()
+    if not shared and w_gate.device.type != "cuda":
         return None
-    gap = w_up.storage_offset() - w_gate.storage_offset()
-    if gap < N * K or (gap * w_gate.element_size()) % 16:
+    distance = w_up.data_ptr() - w_gate.data_ptr()          # bytes
+    up_first = distance < 0
+    gap = abs(distance) // w_gate.element_size()
+    if abs(distance) % 16 or gap < N * K:
         return None
-    return w_gate.as_strided((2, N, K), (gap, K, 1))
+    base = w_up if up_first else w_gate
+    if shared:
+        base = base.as_strided((2, N, K), (gap, K, 1))
+    return base, gap, up_first
 
 
 def _launch_tma(x2, w, biases, out2, activation, cfg, gated):
-    """w: the [N, K] weight, or for SwiGLU the [2, N, K] view of both (_merged_weights)."""
+    """w: the [N, K] weight, or for SwiGLU the (base, gap, up_first) of _weight_pair."""
     M, K = x2.shape
-    N = w.shape[-2]
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     a_d = TensorDescriptor.from_tensor(x2, [bm, bk])
-    w_d = (TensorDescriptor(w, list(w.shape), list(w.stride()), [2, bn, bk]) if gated
-           else TensorDescriptor.from_tensor(w, [bn, bk]))
+    if gated:
+        base, gap, up_first = w
+        N = base.shape[-2]
+        w_d = TensorDescriptor(base, [2, N, K], [gap, K, 1], [2, bn, bk])
+    else:
+        N, up_first = w.shape[0], False
+        w_d = TensorDescriptor.from_tensor(w, [bn, bk])
     y_d = TensorDescriptor.from_tensor(out2, [bm, bn])
     b, b2 = biases
     programs = _programs(x2.device, triton.cdiv(M, bm) * triton.cdiv(N, bn))
     _gemm_tma_kernel[(programs,)](
         a_d, w_d, b if b is not None else out2, b2 if b2 is not None else out2, y_d, M, N, K,
         b.stride(0) if b is not None else 0, b2.stride(0) if b2 is not None else 0,
-        ACT=activation, HAS_BIAS=b is not None, HAS_BIAS2=b2 is not None, GATED=gated,
+        ACT=activation, HAS_BIAS=b is not None, HAS_BIAS2=b2 is not None, GATED=gated, UP_FIRST=up_first,
         NUM_PROGRAMS=programs, **cfg)
 
 
@@ -331,10 +350,12 @@ def _run(x2, weights, biases, out2, activation, gated, block_m, block_n, block_k
             and block_k is None):
         _launch(x2, weights, biases, out2, activation, _small_m_config(N, K), gated)
         return
-    # SwiGLU takes the TMA path only with merged weights (one accumulator over both): two
-    # separate weights on TMA, with two accumulators, ran 545 TFLOP/s against 580-597 for
-    # the pointer kernel (H200 sweep), which keeps that case.
-    w_tma = _merged_weights(*weights) if gated else weights[0]
+    # SwiGLU's TMA path holds one accumulator over both weights (_weight_pair); two descriptors
+    # with two accumulators ran 545 TFLOP/s against 580-597 for the pointer kernel (H200 sweep).
+    # Separate weights of a decode step (M <= 16) keep the pointer kernel they were tuned on.
+    w_tma = _weight_pair(*weights) if gated else weights[0]
+    if gated and w_tma is not None and M <= 16 and w_tma[0].dim() == 2:
+        w_tma = None
     if w_tma is not None and _tma_eligible([x2, *weights, out2]):
         cfg = _tma_config(M, N, K, len(weights), block_m, block_n, block_k, group_m)
         _launch_tma(x2, w_tma, biases, out2, activation, cfg, gated)

@@ -171,7 +171,8 @@ class SwiGLU(GemmOp):
     tma_params = {"merged": True}
 
     def extra_params(self, draw, layout) -> dict:
-        # merged: the weights are the halves of one [2N, K] tensor (the kernel's TMA path).
+        # merged: the weights are the halves of one [2N, K] tensor; on the GPU separate ones take
+        # the TMA path too (kernels/gemm.py _weight_pair).
         return {"merged": draw(st.booleans())} if layout == "contiguous" else {}
 
     def pinned(self, dtype):
@@ -184,13 +185,21 @@ class SwiGLU(GemmOp):
                           activation=self.activations[i % len(self.activations)],
                           config="small" if i < 3 else "auto")
                 for i, shape in enumerate(shapes)]
+        # A merged [w_up; w_gate] tensor: the TMA path's descriptor starts at w_up (up_first).
+        out += [Case.make(self.name, dtype, shape, seed=80 + i, merged="up_gate", bias=i == 0,
+                          activation=self.activations[i % len(self.activations)], config=config)
+                for i, (shape, config) in enumerate((((33, 40, 64), "small"), ((65, 48, 1024), "auto")))]
         return out
 
     def inputs(self, case, device):
         x, (wg, wu), (bg, bu) = self._operands(case, device, 2)
-        if case.param("merged", False):
+        merged, n = case.param("merged", False), wg.shape[0]
+        if merged == "up_gate":
+            both = torch.cat([wu, wg])          # one [2N, K] tensor, the up rows first
+            wg, wu = both[n:], both[:n]
+        elif merged:
             both = torch.cat([wg, wu])          # one [2N, K] tensor; the weights are its halves
-            wg, wu = both[:wg.shape[0]], both[wg.shape[0]:]
+            wg, wu = both[:n], both[n:]
         return {"x": x, "w_gate": wg, "w_up": wu, "b_gate": bg, "b_up": bu,
                 "activation": case.param("activation", self.default_activation)}
 
