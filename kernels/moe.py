@@ -416,7 +416,7 @@ def _moe_up_tma_kernel(xs_desc, w_desc, h_desc, block_expert_ptr, num_ptr, H, I,
     used = tl.load(num_ptr) // BLOCK_M
     num_tiles = used * tl.cdiv(I, BLOCK_N)
     k_tiles = tl.cdiv(H, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = grouped_tile(tile, used * BLOCK_M, I, BLOCK_M, BLOCK_N, GROUP_M)
         e = tl.load(block_expert_ptr + pid_m)
         off_m = pid_m * BLOCK_M
@@ -441,7 +441,7 @@ def _moe_down_tma_kernel(h_desc, w_desc, buf_desc, H, I, block_expert_ptr, num_p
     used = tl.load(num_ptr) // BLOCK_M
     num_tiles = used * tl.cdiv(H, BLOCK_N)
     k_tiles = tl.cdiv(I, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = grouped_tile(tile, used * BLOCK_M, H, BLOCK_M, BLOCK_N, GROUP_M)
         e = tl.load(block_expert_ptr + pid_m)
         off_m = pid_m * BLOCK_M
