@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -206,11 +207,19 @@ def row_tile(n_cols: int, block_cols: int | None = None, target: int = 2048):
 #
 #   True        (default) one 4-byte read of the word after the launch, the call's only host
 #               sync, then a ValueError naming the argument (its min / max computed only then).
-#   "deferred"  no host sync: the word is copied (non_blocking) into pinned host memory and a
-#               CUDA event recorded behind the copy. The next call of a launcher with validate
-#               True or "deferred" raises the ValueError (naming that launcher and the argument)
-#               once the event has completed; raise_deferred_errors() waits for all of them and
-#               raises. On the CPU (the interpreter) the same path runs; the copy is synchronous.
+#   "deferred"  no host sync and next to no host work: the call takes the next word of a batch
+#               per (device, stream) and notes which launcher it was. A batch's words are copied
+#               to pinned host memory together (one non_blocking copy behind a CUDA event) once
+#               _BATCH calls have used it, or when a validating call finds it open for longer
+#               than _BATCH_SECONDS. A validating call (True or "deferred") looks at the batches
+#               at most once per _BATCH_SECONDS (a clock read otherwise) and raises the ValueError
+#               of a deferred call, naming that launcher and the argument, once its batch has
+#               landed: a few milliseconds after the bad call's kernel ran. A deferred call
+#               costs the host about what validate=False does (a per-call copy and event cost
+#               up to 85 us on the H200's host, more than the embedding kernel itself).
+#               raise_deferred_errors() sends what is open, waits for every batch and raises.
+#               On the CPU (the interpreter) every call is a batch of its own, copied at once,
+#               and every validating call looks: the next one raises.
 #   False       nothing is read; the bad rows are NaN all the same.
 #
 # CUDA graphs: validate=True cannot be captured (ValueError naming validate). A captured
@@ -222,45 +231,146 @@ def row_tile(n_cols: int, block_cols: int | None = None, target: int = 2048):
 # errors only.
 #
 # The words: validate=True uses one cached word per (device, stream), zero between calls (it is
-# zeroed only after a nonzero read). "deferred" takes the next word of a ring per (device,
-# stream), and one fill zeroes the whole ring before it is used again, after the copies of all
-# its words in stream order: one small fill per _RING calls. validate=False calls write into a
-# word of their own that nobody reads. While a test harness routes allocate()
-# (harness/memory_guard.py), every call gets a fresh, guarded, zeroed word instead. The records
-# of deferred copies are polled oldest first, and the polling stops at the first copy not landed
-# yet (a stream's copies land in order): a call looks at one event however many are in flight.
+# zeroed only after a nonzero read). A deferred batch's words are zeroed by one fill behind its
+# copy, in stream order, and the batch is reused once its copy has been read (a stream holds a
+# few batches while the GPU runs behind the host; past _MAX_BATCHES the oldest is waited for).
+# validate=False calls write into a word of their own that nobody reads. While a test harness
+# routes allocate() (harness/memory_guard.py), every call gets a fresh, guarded, zeroed word
+# instead, copied at once as a batch of one.
 
 VALIDATE_MODES = (True, False, "deferred")
 _GRAPH_WORDS = 1024         # words per device for captured "deferred" calls
-_RING = 256                 # words per (device, stream) for eager "deferred" calls
+_BATCH = 128                # words per batch of eager "deferred" calls
+_BATCH_SECONDS = 0.002      # an open batch older than this is sent by the next look
+_MAX_BATCHES = 16           # batches per (device, stream) before the oldest copy is waited for
 
 _words: dict = {}           # (device, stream) -> the cached word of validate=True calls
-_rings: dict = {}           # (device, stream) -> [int32 ring, words handed out] of "deferred" calls
+_streams: dict = {}         # (device, stream) -> _Stream: the batches of its "deferred" calls
 _sinks: dict = {}           # device -> the word of validate=False calls
 _graph_pools: dict = {}     # device -> [zeroed int32 pool, words handed out]
-_pending: deque = deque()   # _Deferred records of eager deferred calls, oldest first, not read yet
+_pending: deque = deque()   # _Batch records sent (copy queued), not read yet, oldest first
 _graph_words: list = []     # _Deferred records of captured calls (read by raise_deferred_errors)
-_mailboxes: list = []       # (pinned host slot, event) pairs free for reuse
+_slots: dict = {}           # id(word view) -> (_Batch, index) of the open batches' words
 _lock = threading.Lock()
+_next_look = [0.0]          # time.monotonic() before which validating calls do not look
 
 
 @dataclass
 class _Deferred:
     launcher: str
     problems: object        # problems(value) -> [(argument, expected)]; holds no tensor of the call
-    host: torch.Tensor      # eager: the copy of the word (pinned on CUDA); captured: the device word
-    event: object = None    # eager on CUDA: recorded behind the copy; None: the copy has landed
+    host: torch.Tensor      # the device word of a captured call
+
+
+class _Batch:
+    """Words of deferred calls copied to the host together. calls[i]: (launcher, problems) of
+    word i (None until its launcher reports); host: their pinned copy; event: recorded behind
+    the copy (None on the CPU: landed)."""
+
+    def __init__(self, device, n, owner=None, words=None):
+        cuda = device.type == "cuda"
+        self.device, self.owner = device, owner
+        self.stream = owner.stream if owner is not None else None
+        self.words = _zeros(n, device) if words is None else words
+        self.views = [self.words[i:i + 1] for i in range(n)]
+        self.host = torch.zeros((n,), dtype=torch.int32, pin_memory=cuda)
+        self.event = torch.cuda.Event() if cuda else None
+        self.calls: list = []
+        self.opened = 0.0
+
+    def send(self) -> None:
+        """Queue the copy of the words used, the event behind it and the fill that zeroes them."""
+        n = len(self.calls)
+        with torch.cuda.stream(self.stream) if self.stream is not None else _no_context():
+            self.host[:n].copy_(self.words[:n], non_blocking=True)     # synchronous on the CPU
+            if self.event is not None:
+                self.event.record()
+            self.words[:n].zero_()
+        _pending.append(self)
+        if self.event is None:
+            _next_look[0] = 0.0                     # the CPU: the next validating call looks
+
+    def landed(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def read(self) -> list:
+        """(call, value) of the nonzero words; the batch is empty again."""
+        if self.event is not None:
+            self.event.synchronize()
+        values = self.host[:len(self.calls)].tolist()
+        found = [(c, v) for c, v in zip(self.calls, values) if v and c is not None]
+        self.calls = []
+        return found
+
+
+class _Stream:
+    """The deferred batches of one (device, stream): the open one and the free ones."""
+
+    def __init__(self, device):
+        self.device = device
+        self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self.open = None
+        self.free: list = []
+        self.count = 0
+
+    def take(self) -> torch.Tensor:
+        b = self.open
+        if b is not None and len(b.calls) == _BATCH:
+            b.send()
+            b = self.open = None
+        if b is None:
+            if self.free:
+                b = self.free.pop()
+            elif self.count < _MAX_BATCHES:
+                b = _Batch(self.device, _BATCH, owner=self)
+                self.count += 1
+            else:                                   # the GPU runs far behind: wait for the oldest
+                b = _read_oldest_of(self)
+            b.opened = time.monotonic()
+            self.open = b
+        i = len(b.calls)
+        b.calls.append(None)
+        word = b.views[i]
+        _slots[id(word)] = (b, i)
+        return word
+
+
+class _no_context:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_found: list = []           # (call, value) read but not raised yet (a read forced inside take())
+
+
+def _read_oldest_of(stream: _Stream) -> _Batch:
+    """Every batch of `stream` is in flight: wait for the oldest, keep its errors for the next
+    look, and hand it back for reuse."""
+    for b in list(_pending):
+        if b.owner is stream:
+            _pending.remove(b)
+            _found.extend(b.read())
+            if _found:
+                _next_look[0] = 0.0
+            return b
+    raise RuntimeError("no deferred batch of this stream is in flight")   # unreachable: count are
 
 
 def check_validate(validate) -> None:
     """validate must be True, False or "deferred". A validating call (True or "deferred") first
-    raises the error of an earlier deferred call whose copy has landed."""
+    raises the error of an earlier deferred call whose batch has landed (looking at most once per
+    _BATCH_SECONDS on a GPU, every call on the CPU)."""
     if validate is not True and validate is not False and not isinstance(validate, str):
         raise TypeError(f"validate: expected True, False or \"deferred\", got {type(validate).__name__}")
     if validate not in VALIDATE_MODES:
         raise ValueError(f"validate: expected True, False or \"deferred\", got {validate!r}")
-    if validate is not False and _pending:
-        _raise_landed(sync=False)
+    if validate is not False and (_pending or _streams or _found):
+        now = time.monotonic()
+        if now >= _next_look[0]:
+            _look(now, sync=False)
 
 
 def _capturing(device) -> bool:
@@ -268,7 +378,10 @@ def _capturing(device) -> bool:
 
 
 def _stream_key(device):
-    return (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    if device.type != "cuda":
+        return (device, 0)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (index, torch._C._cuda_getCurrentRawStream(index))
 
 
 def _zeros(n, device):
@@ -297,26 +410,23 @@ def error_word(device, validate) -> torch.Tensor:
         if word is None:
             word = _sinks[device] = _zeros(1, device)
         return word
-    key = _stream_key(device)
     if device.type == "cuda" and device not in _graph_pools:
         _graph_pools[device] = [_zeros(_GRAPH_WORDS, device), 0]
+    key = _stream_key(device)
     if validate is True:
         word = _words.get(key)
         if word is None:
             word = _words[key] = _zeros(1, device)
         return word
-    ring = _rings.get(key)
-    if ring is None:
-        ring = _rings[key] = [_zeros(_RING, device), 0]
-    elif ring[1] == _RING:                          # every word used, and copied before this fill
-        ring[0].zero_()
-        ring[1] = 0
-    ring[1] += 1
-    return ring[0][ring[1] - 1:ring[1]]
+    with _lock:
+        stream = _streams.get(key)
+        if stream is None:
+            stream = _streams[key] = _Stream(device)
+        return stream.take()
 
 
 def report_errors(word: torch.Tensor, validate, launcher: str, problems, detail=None) -> None:
-    """After the launch: raise (True), queue the word's copy ("deferred"), or nothing (False).
+    """After the launch: raise (True), note the call in its batch ("deferred"), or nothing (False).
 
     problems(value) -> [(argument, what was expected)] for a nonzero word; it may run after the
     call has returned ("deferred"), so it must not hold the call's tensors. detail(argument) ->
@@ -335,46 +445,49 @@ def report_errors(word: torch.Tensor, validate, launcher: str, problems, detail=
         with _lock:
             _graph_words.append(_Deferred(launcher, problems, word))
         return
-    cuda = device.type == "cuda"
     with _lock:
-        host, event = _mailboxes.pop() if cuda and _mailboxes else (None, None)
-    if host is None:
-        host = torch.empty((1,), dtype=torch.int32, pin_memory=cuda)
-        event = torch.cuda.Event() if cuda else None
-    host.copy_(word, non_blocking=True)             # synchronous from a CPU tensor
-    if cuda:
-        event.record(torch.cuda.current_stream(device))
-    with _lock:
-        _pending.append(_Deferred(launcher, problems, host, event))
+        slot = _slots.pop(id(word), None)
+        if slot is None:                            # a guarded word of its own: a batch of one
+            b = _Batch(device, 1, words=word)
+            b.calls.append((launcher, problems))
+            b.send()
+            return
+        b, i = slot
+        b.calls[i] = (launcher, problems)
+        if b.event is None and b is b.owner.open:   # the CPU: each call a batch of its own
+            b.owner.open = None
+            b.send()
 
 
 def raise_deferred_errors() -> None:
-    """Wait for every deferred check (validate="deferred") and raise the ValueError of the first
-    that found a bad argument, naming its launcher and the argument (how many others found one
-    is in the message). What is read is dropped (a captured word is zeroed), so an error is
-    raised once. Words of CUDA graphs are read after a synchronize of their device: call this
-    after replays."""
-    _raise_landed(sync=True)
+    """Send every open batch, wait for all of them and raise the ValueError of the first deferred
+    check (validate="deferred") that found a bad argument, naming its launcher and the argument
+    (how many others found one is in the message). What is read is dropped (a captured word is
+    zeroed), so an error is raised once. Words of CUDA graphs are read after a synchronize of
+    their device: call this after replays."""
+    _look(time.monotonic(), sync=True)
 
 
-def _raise_landed(sync: bool) -> None:
+def _look(now: float, sync: bool) -> None:
+    """Read the batches that have landed (sync: all of them, after sending the open ones; and the
+    words of captured calls), free them, and raise the first error found."""
     if not sync and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return                                      # no event queries inside a capture
-    landed = []
-    with _lock:
-        while _pending and (sync or _pending[0].event is None or _pending[0].event.query()):
-            landed.append(_pending.popleft())
-        captured = list(_graph_words) if sync else []
     found = []
-    for p in landed:
-        if p.event is not None:
-            p.event.synchronize()
-        value = int(p.host.item())
-        if p.event is not None:
-            with _lock:
-                _mailboxes.append((p.host, p.event))
-        if value:
-            found.append((p, value))
+    with _lock:
+        _next_look[0] = now + _BATCH_SECONDS
+        found, _found[:] = list(_found), []
+        for stream in _streams.values():            # open batches past their time (or all: sync)
+            b = stream.open
+            if b is not None and b.calls and (sync or stream.stream is None or now - b.opened >= _BATCH_SECONDS):
+                stream.open = None
+                b.send()
+        while _pending and (sync or _pending[0].landed()):
+            b = _pending.popleft()
+            found += b.read()
+            if b.owner is not None:
+                b.owner.free.append(b)
+        captured = list(_graph_words) if sync else []
     snapshots = {}                                  # one copy per pool (and per lone word)
     for p in captured:
         base = p.host._base if p.host._base is not None else p.host
@@ -386,12 +499,12 @@ def _raise_landed(sync: bool) -> None:
         value = int(snapshots[id(base)][offset])
         if value:
             p.host.zero_()
-            found.append((p, value))
+            found.append(((p.launcher, p.problems), value))
     if found:
-        p, value = found[0]
+        (launcher, problems), value = found[0]
         more = f" ({len(found) - 1} more deferred check(s) found bad input too)" if len(found) > 1 else ""
-        raise ValueError("; ".join(f"{arg}: {what}, in an earlier {p.launcher} call with validate=\"deferred\" "
-                                   f"(the rows it affects are NaN)" for arg, what in p.problems(value)) + more)
+        raise ValueError("; ".join(f"{arg}: {what}, in an earlier {launcher} call with validate=\"deferred\" "
+                               f"(the rows it affects are NaN)" for arg, what in problems(value)) + more)
 
 
 # Lengths and page tables (decode_attention, mla_decode): the kernels OR these bits into the word.

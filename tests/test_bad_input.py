@@ -1,6 +1,7 @@
 """Bad input gets a clear error naming the argument, before any launch; never a wrong answer."""
 import gc
 import math
+import time
 
 import pytest
 import torch
@@ -1002,8 +1003,10 @@ def test_flash_attention_refuses_more_sequences_than_a_grid_holds(dev):
 def _no_deferred_error_left_behind():
     """A test that leaves a deferred error would make a later validating call of this worker raise."""
     yield
-    from kernels import _launch
-    assert not _launch._pending, "a deferred check was left unread"
+    try:
+        kernels.raise_deferred_errors()
+    except ValueError as e:
+        pytest.fail(f"a deferred error was left unread: {e}")
 
 
 def _bad_calls(d):
@@ -1075,17 +1078,26 @@ def test_deferred_bad_index_raises_at_raise_deferred_errors(i, dev):
 
 
 @pytest.mark.parametrize("i", _bad_params())
-def test_deferred_bad_index_raises_at_the_next_validating_call(i, dev):
-    """The error of a deferred call is raised by the next call of any validating launcher (True or
-    "deferred") once its copy has landed (at once on the CPU); validate=False calls do not look."""
+def test_deferred_bad_index_raises_at_a_later_validating_call(i, dev):
+    """The error of a deferred call is raised by a later call of any validating launcher (True or
+    "deferred") once its batch has landed: on the CPU the next one; on a GPU the second after a
+    pause of _BATCH_SECONDS (the first sends the open batch, the next look reads it).
+    validate=False calls never look."""
+    from kernels._launch import _BATCH_SECONDS
     launcher, arg, call, out, bad = _run(dev, i, "deferred")
     call("deferred", out)
     table = T(4, 8, device=dev)
-    kernels.embedding(torch.tensor([1], device=dev), table, validate=False)
-    if dev != "cpu":
-        torch.cuda.synchronize()
+    for _ in range(3):
+        kernels.embedding(torch.tensor([1], device=dev), table, validate=False)
+    calls = 0
     with pytest.raises(ValueError, match=f"^{arg}: .*{launcher}"):
-        kernels.embedding(torch.tensor([1], device=dev), table)
+        while calls < 3:
+            if dev != "cpu":
+                torch.cuda.synchronize()
+                time.sleep(1.5 * _BATCH_SECONDS)
+            calls += 1
+            kernels.embedding(torch.tensor([1], device=dev), table)
+    assert calls == (1 if dev == "cpu" else 2)
     assert torch.equal(kernels.embedding(torch.tensor([1], device=dev), table, validate="deferred")[0], table[1])
     kernels.raise_deferred_errors()
 
@@ -1189,24 +1201,25 @@ def test_deferred_errors_of_a_cuda_graph_add_up_across_replays(op, config, backe
 
 
 @pytest.mark.op("embedding")
-def test_deferred_words_are_clean_when_their_ring_comes_round(dev):
-    """Deferred calls take the words of a ring in turn, zeroed once before the ring is reused: over
-    more than two turns, each of two bad calls is raised once, by the call after it, and no
-    clean call ever reports a stale error."""
-    from kernels._launch import _RING
+def test_deferred_batches_are_clean_when_reused(dev):
+    """Deferred calls take the words of a batch in turn, zeroed behind its copy before the batch
+    is used again: over more than two batches, each of two bad calls is raised once (by a
+    validating call or raise_deferred_errors), and no clean call ever reports a stale error."""
+    from kernels._launch import _BATCH
     table = T(4, 8, device=dev)
     good, bad = torch.tensor([1, 2], device=dev), torch.tensor([1, 9], device=dev)
     raised = []
-    for i in range(2 * _RING + 3):
-        try:
-            kernels.embedding(bad if i in (5, _RING + 1) else good, table, validate="deferred")
-        except ValueError as e:
-            assert str(e).startswith("ids: expected ids in [0, 4) (the table's rows), got 1 outside it")
-            raised.append(i)
-        if i in (5, _RING + 1) and dev != "cpu":
-            torch.cuda.synchronize()        # the copy has landed before the next call looks
+    for i in range(2 * _BATCH + 3):
+        for step in (lambda: kernels.embedding(bad if i in (5, _BATCH + 1) else good, table, validate="deferred"),
+                     kernels.raise_deferred_errors if i in (5, _BATCH + 1) else (lambda: None)):
+            try:
+                step()
+            except ValueError as e:
+                assert str(e) == ("ids: expected ids in [0, 4) (the table's rows), got 1 outside it, in an "
+                                  "earlier embedding call with validate=\"deferred\" (the rows it affects are NaN)")
+                raised.append(i)
     kernels.raise_deferred_errors()
-    assert raised == [6, _RING + 2]
+    assert raised == [5, _BATCH + 1]
 
 
 @pytest.mark.parametrize("op", [pytest.param(o, marks=pytest.mark.op(o)) for o in ("decode_attention", "mla_decode")])
