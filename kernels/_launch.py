@@ -42,7 +42,7 @@ def check_tensor(name: str, t, *, dtypes=FLOAT_DTYPES, ndim=None, min_ndim=None)
         raise ValueError(f"{name}: expected a {ndim}-d tensor, got shape {tuple(t.shape)}")
     if min_ndim is not None and t.dim() < min_ndim:
         raise ValueError(f"{name}: expected at least {min_ndim} dims, got shape {tuple(t.shape)}")
-    if t.device.type == "cpu" and not interpreting():
+    if t.is_cpu and not interpreting():
         raise ValueError(f"{name}: is on the CPU; Triton kernels need a CUDA tensor "
                          "(or TRITON_INTERPRET=1 for the interpreter)")
 

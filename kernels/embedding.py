@@ -64,16 +64,22 @@ def _embedding_kernel(ids_ptr, table_ptr, out_ptr, bad_ptr, n_tokens, V, H, ids_
 
 
 def _tile(H: int, block_cols: int | None):
-    full = triton.next_power_of_2(max(H, 1))
-    if block_cols is not None:
-        if not isinstance(block_cols, int) or block_cols < 1 or block_cols & (block_cols - 1):
-            raise ValueError(f"block_cols: expected a power of two >= 1, got {block_cols}")
-        block_h = min(block_cols, full)
-    else:
-        # A tile width that divides H when H has a power-of-two factor >= 128 (1536 = 3 x 512):
-        # 1024-wide tiles would leave a third of the second tile masked.
-        low_bit = H & -H if H else 1
-        block_h = min(low_bit if low_bit >= 128 else full, _MAX_BLOCK_H)
+    if block_cols is None:
+        return _default_tile(H)
+    if not isinstance(block_cols, int) or block_cols < 1 or block_cols & (block_cols - 1):
+        raise ValueError(f"block_cols: expected a power of two >= 1, got {block_cols}")
+    return _tile_of(min(block_cols, triton.next_power_of_2(max(H, 1))))
+
+
+@functools.lru_cache(maxsize=None)
+def _default_tile(H: int):
+    # A tile width that divides H when H has a power-of-two factor >= 128 (1536 = 3 x 512):
+    # 1024-wide tiles would leave a third of the second tile masked.
+    low_bit = H & -H if H else 1
+    return _tile_of(min(low_bit if low_bit >= 128 else triton.next_power_of_2(max(H, 1)), _MAX_BLOCK_H))
+
+
+def _tile_of(block_h: int):
     block_t = max(1, min(64, _TILE // block_h))
     return block_t, block_h, 4 if block_t * block_h <= 2048 else 8
 
@@ -95,12 +101,10 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | Non
     V, H = table.shape
     out = new_out(out, (*ids.shape, H), table.dtype, table.device)
     n_tokens = ids.numel()
-    problems = functools.partial(_problems, V)
-    detail = functools.partial(_detail, ids)
     if out.numel() == 0:
         if n_tokens and validate is True:   # H = 0: nothing to copy, the ids are still checked
             word = torch.tensor([int(((ids < 0) | (ids >= V)).sum())], dtype=torch.int32)
-            report_errors(word, True, "embedding", problems, detail)
+            report_errors(word, True, "embedding", functools.partial(_problems, V), functools.partial(_detail, ids))
         return out
     flat = ids.reshape(-1)          # a view when the layout allows, else a (small) copy
     block_t, block_h, num_warps = _tile(H, block_cols)
@@ -109,8 +113,8 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | Non
     bad = error_word(table.device, validate) if count else out
     _embedding_kernel[grid](flat, table, out, bad, n_tokens, V, H, flat.stride(0), table.stride(0), table.stride(1),
                             COUNT_BAD=count, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps)
-    if count:
-        report_errors(bad, validate, "embedding", problems, detail)
+    if count:               # the launcher's host time is what a small call costs: nothing built unless needed
+        report_errors(bad, validate, "embedding", functools.partial(_problems, V), functools.partial(_detail, ids))
     return out
 
 
