@@ -100,9 +100,10 @@ def _bias_gelu_kernel(y_ptr, b_ptr, o_ptr, n_rows, N, n1, n2, ys0, ys1, ys2, ysn
 
 def _tile(n_cols: int, block_cols: int | None, approximate: str = "none"):
     """(BLOCK_M, BLOCK_N, num_warps) for rows of n_cols features. H200 sweeps at 32768 x 16384
-    (bench/explore_gemm_family.py, bench/explore_bias_gelu.py): the erf form with fp32 results
-    (tl.erf) is fastest at 4 x 1024 with 4 warps; the cheaper forms (tanh, and the 16-bit
-    results' erf) at 8 x 1024 with 8 warps (passed as approximate="tanh")."""
+    (bench/explore_gemm_family.py, bench/explore_bias_gelu.py, bench/explore_gelu_forms.py): the
+    erf forms at 4 x 1024 with 4 warps (the 16-bit results' folded erfc 82% of copy there in a
+    bare kernel, 67-68% at 8 warps; two runs of the whole kernel varied 65-77% between tiles
+    with no stable winner), the cheaper tanh form at 8 x 1024 with 8 warps (94-95%)."""
     full = triton.next_power_of_2(max(n_cols, 1))
     if block_cols is not None:
         if not isinstance(block_cols, int) or block_cols < 1 or block_cols & (block_cols - 1):
@@ -123,10 +124,6 @@ def _act(approximate: str, dtype) -> str:
         return "gelu_tanh"
     return "gelu" if dtype == torch.float32 else "gelu_16bit"
 
-
-def _cheap(approximate: str, dtype) -> bool:
-    """Whether the form is cheap enough for the tanh form's larger tiles (_tile)."""
-    return _act(approximate, dtype) != "gelu"
 
 
 def _check_bias_approximate(y, bias, approximate):
@@ -154,7 +151,7 @@ def bias_gelu(y: torch.Tensor, bias: torch.Tensor | None = None, approximate: st
         layout = leading_layout(tuple(y.shape[:-1]), y.stride()[:-1])
     n1, n2, ((ys0, ys1, ys2),) = layout
     n_rows = y.numel() // N
-    block_m, block_n, num_warps = _tile(N, block_cols, "tanh" if _cheap(approximate, y.dtype) else "none")
+    block_m, block_n, num_warps = _tile(N, block_cols, approximate)
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(N, block_n))
     contiguous = y.is_contiguous() and block_m * N < 2**31
     _bias_gelu_kernel[grid](

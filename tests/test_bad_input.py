@@ -1080,8 +1080,9 @@ def test_deferred_bad_index_raises_at_raise_deferred_errors(i, dev):
 @pytest.mark.parametrize("i", _bad_params())
 def test_deferred_bad_index_raises_at_a_later_validating_call(i, dev):
     """The error of a deferred call is raised by a later call of any validating launcher (True or
-    "deferred") once its batch has landed: on the CPU the next one; on a GPU the second after a
-    pause of _BATCH_SECONDS (the first sends the open batch, the next look reads it).
+    "deferred") once its batch has landed: on the CPU the next one; on a GPU, after a pause of
+    _BATCH_SECONDS, the first (which sends the open batch and reads it if the idle GPU has copied
+    it already) or the second (the first's own read of its word waited for that copy).
     validate=False calls never look."""
     from kernels._launch import _BATCH_SECONDS
     launcher, arg, call, out, bad = _run(dev, i, "deferred")
@@ -1097,7 +1098,7 @@ def test_deferred_bad_index_raises_at_a_later_validating_call(i, dev):
                 time.sleep(1.5 * _BATCH_SECONDS)
             calls += 1
             kernels.embedding(torch.tensor([1], device=dev), table)
-    assert calls == (1 if dev == "cpu" else 2)
+    assert calls == 1 if dev == "cpu" else calls in (1, 2)
     assert torch.equal(kernels.embedding(torch.tensor([1], device=dev), table, validate="deferred")[0], table[1])
     kernels.raise_deferred_errors()
 
