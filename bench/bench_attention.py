@@ -289,8 +289,8 @@ def main():
               f"Paged: block size {BLOCK}, blocks placed by a random permutation. The SDPA peers (one query "
               "token, enable_gqa) read the contiguous cache; their numbers are repeated on the paged row. "
               "The kernel checks seqlens and block_table itself (bad ones give NaN rows) and sets an error word; "
-              "'ours' reads it back after each call (one device-to-host sync), 'validate=\"deferred\"' copies it "
-              "to pinned memory without a sync (a later call raises), 'validate=False' reads nothing, as a "
+              "'ours' reads it back after each call (one device-to-host sync), 'validate=\"deferred\"' notes it in a "
+              "batch copied to pinned memory every 128 calls or 2 ms, without a sync (a later call raises), 'validate=False' reads nothing, as a "
               "decode loop that guarantees them or a CUDA graph may run it.", "",
               "| L | layout | ours ms | ours GB/s | % of copy | validate=False GB/s (% of copy) "
               "| validate=\"deferred\" GB/s (% of copy) | SDPA flash GB/s "

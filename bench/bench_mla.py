@@ -147,7 +147,7 @@ def main():
              f"length T; {info['timing']}. Copy ceiling {copy:.0f} GB/s. GB/s counts the latent cache once plus q "
              "and o; TFLOP/s counts 2 B Tq H T (2L + R). Every mode checks lens and the page table in the kernel; "
              "validated: one 4-byte read of its error word after the launch (a host sync); 'deferred': "
-             "validate=\"deferred\" (the word copied to pinned memory, no sync); 'unvalidated': validate=False "
+             "validate=\"deferred\" (the word noted in a batch that is copied to pinned memory every 128 calls or 2 ms, no sync); 'unvalidated': validate=False "
              "(nothing read); 'CUDA graph': the deferred call captured once and replayed, as a serving loop runs "
              f"decode (the GPU's time without the host's launch cost). Paged: pages of {PAGE} positions in a random order. SDPA: "
              "the expanded multi-query tensors (head dim 576, one shared KV head, enable_gqa).", "",
