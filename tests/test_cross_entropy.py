@@ -142,6 +142,24 @@ def test_default_plan_keeps_the_chunk_buffers_within_the_size_of_W():
     assert plan_chunks(5, 1000, 4096, 2) == (16, 16)      # at most N rounded up (at least 16)
 
 
+def _small_lm_head(device):
+    """h [40, 64], W [300, 64] (fp16) and labels of a small LM head, the same every call."""
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(40, 64, generator=gen).half().to(device)
+    W = torch.randn(300, 64, generator=gen).half().to(device)
+    return h, W, torch.randint(0, 300, (40,), generator=gen).to(device)
+
+
+def _allocating_with(allocator, call):
+    """call() with the launchers' buffers made by allocator (kernels._launch.set_allocator)."""
+    from kernels import _launch
+    previous = _launch.set_allocator(allocator)
+    try:
+        return call()
+    finally:
+        _launch.set_allocator(previous)
+
+
 @pytest.mark.op(OP)
 @pytest.mark.parametrize("gemm,dh_buffer", [("triton", "dh_partials"), ("torch", "dh_fp32")])
 def test_dw_buffer_comes_after_the_chunk_buffers_are_freed(gemm, dh_buffer, backend):
@@ -151,7 +169,6 @@ def test_dw_buffer_comes_after_the_chunk_buffers_are_freed(gemm, dh_buffer, back
     so the launcher's peak is the larger of (accumulator + chunk buffers) and (accumulator + dW),
     never all three (docs/NUMERICS.md, memory)."""
     import weakref
-    from kernels import _launch
     live, sizes, seen = {}, {}, []
 
     def tracking(shape, dtype, device, *, name, zero=False):
@@ -163,16 +180,9 @@ def test_dw_buffer_comes_after_the_chunk_buffers_are_freed(gemm, dh_buffer, back
         weakref.finalize(t, live.pop, key, None)
         return t
 
-    gen = torch.Generator().manual_seed(0)
-    h = torch.randn(40, 64, generator=gen).half().to(backend.device)
-    W = torch.randn(300, 64, generator=gen).half().to(backend.device)
-    labels = torch.randint(0, 300, (40,), generator=gen).to(backend.device)
-    previous = _launch.set_allocator(tracking)
-    try:
-        loss, dh, dw = kernels.fused_linear_cross_entropy(h, W, labels, chunk_size=16, logits_rows=8, num_splits=2,
-                                                          gemm=gemm)
-    finally:
-        _launch.set_allocator(previous)
+    h, W, labels = _small_lm_head(backend.device)
+    loss, dh, dw = _allocating_with(tracking, lambda: kernels.fused_linear_cross_entropy(
+        h, W, labels, chunk_size=16, logits_rows=8, num_splits=2, gemm=gemm))
     names = [n for n, _ in seen]
     assert {"logits", "grad_logits", dh_buffer, "dw_accumulator", "out_dw"} <= set(names), names
     alive = dict(seen)["out_dw"]                # what lived when dW's buffer was made:
@@ -286,23 +296,15 @@ def test_dw_in_dtype_makes_no_fp32_accumulator(gemm, backend):
     """dw_accumulation="dtype" over several chunks of fp16: no fp32 buffer of dW's size, dW's own
     buffer the one it is accumulated in; within the budget of the op (torch's GEMMs: the scale in
     the gradient logits; Triton's: in the GEMM's epilogue)."""
-    from kernels import _launch
     made = []
 
     def tracking(shape, dtype, device, *, name, zero=False):
         made.append((name, tuple(shape), dtype))
         return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
 
-    gen = torch.Generator().manual_seed(0)
-    h = torch.randn(40, 64, generator=gen).half().to(backend.device)
-    W = torch.randn(300, 64, generator=gen).half().to(backend.device)
-    labels = torch.randint(0, 300, (40,), generator=gen).to(backend.device)
-    previous = _launch.set_allocator(tracking)
-    try:
-        loss, dh, dw = kernels.fused_linear_cross_entropy(h, W, labels, chunk_size=16, gemm=gemm,
-                                                          dw_accumulation="dtype")
-    finally:
-        _launch.set_allocator(previous)
+    h, W, labels = _small_lm_head(backend.device)
+    loss, dh, dw = _allocating_with(tracking, lambda: kernels.fused_linear_cross_entropy(
+        h, W, labels, chunk_size=16, gemm=gemm, dw_accumulation="dtype"))
     names = [n for n, _, _ in made]
     assert "dw_accumulator" not in names and names.count("out_dw") == 1, made
     assert not [m for m in made if m[2] == torch.float32 and math.prod(m[1]) >= 300 * 64], made
