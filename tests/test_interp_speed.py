@@ -49,12 +49,15 @@ def test_the_memo_changes_no_bit_and_restores_the_language(dtype, backend, monke
     def as_shipped():
         monkeypatch.setattr(it, "_patch_lang", counted)
         monkeypatch.setattr(it.GridExecutor, "__call__", interp_speed.ORIGINAL["GridExecutor.__call__"])
+        monkeypatch.setattr(it, "_get_np_dtype", interp_speed.ORIGINAL["_get_np_dtype"])
 
     def memoised():
         monkeypatch.setattr(it, "_patch_lang", memo_patch)
         monkeypatch.setattr(it.GridExecutor, "__call__", memo_call)
+        monkeypatch.setattr(it, "_get_np_dtype", memo_np_dtype)
 
-    memo_patch, memo_call = it._patch_lang, it.GridExecutor.__call__
+    memo_patch, memo_call, memo_np_dtype = it._patch_lang, it.GridExecutor.__call__, it._get_np_dtype
+    assert memo_np_dtype is not interp_speed.ORIGINAL["_get_np_dtype"]
     monkeypatch.setitem(interp_speed.ORIGINAL, "_patch_lang", counted)
     # Triton's own interpreter leaves some tl.core builtins patched after a launch (a helper's
     # patch of a module the kernel's does not see is never restored): a first launch, then the
@@ -75,3 +78,25 @@ def test_the_memo_changes_no_bit_and_restores_the_language(dtype, backend, monke
     assert len(fast) == len(slow) == 2
     for a, b in zip(fast, slow):
         assert a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+
+
+def test_the_dtype_table_answers_as_the_interpreter(backend):
+    """Every type the interpreter maps: scalars, pointers, blocks of either; and what it refuses."""
+    if backend.name != "interpreter":
+        assert not interp_speed._installed
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+    fast, slow = it._get_np_dtype, interp_speed.ORIGINAL["_get_np_dtype"]
+    assert fast is not slow
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64,
+               tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.float8e5, tl.float8e4nv, tl.float8e4b15]
+    types = scalars + [tl.pointer_type(t) for t in scalars] + [tl.block_type(t, [4, 2]) for t in scalars] + [
+        tl.block_type(tl.pointer_type(t), [8]) for t in scalars]
+    for _ in range(2):                   # filling the table, then from it
+        for t in types:
+            assert fast(t) == slow(t), t
+    with pytest.raises(KeyError):
+        slow(tl.void)
+    with pytest.raises(KeyError):
+        fast(tl.void)
