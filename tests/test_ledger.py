@@ -136,3 +136,43 @@ def test_the_summary_counts_gap_hits_per_gap_id():
     tr = _Terminal()
     rec.pytest_terminal_summary(tr, 0, config)
     assert "declared gaps hit (strict xfail): interp-bf16-dot x3, interp-bf16-subnormal-load x1" in tr.lines
+
+
+def test_a_gap_hits_report_says_its_reason_and_other_failures_keep_their_traceback():
+    """plugin.pytest_runtest_makereport: the xfail that pytest_pyfunc_call raises for a GapHit is
+    reported with its reason, not pytest's rendering of its traceback (unshown, ~50 ms a test);
+    any other failure, and a later report of the same item, gets pytest's own repr_failure."""
+    from harness import plugin
+
+    class Item:
+        def __init__(self):
+            self.stash = pytest.Stash()
+
+        def repr_failure(self, excinfo, style=None):
+            return "pytest's traceback"
+
+    def report(item, call):
+        hook = plugin.pytest_runtest_makereport(item, call)
+        next(hook)
+        longrepr = item.repr_failure(call.excinfo)        # what TestReport.from_item_and_call asks
+        with pytest.raises(StopIteration) as done:
+            hook.send(longrepr)
+        return done.value.value
+
+    reason = "[gap:interp-bf16-dot] reason (link)"
+    item = Item()
+    with pytest.raises(BaseException) as raised:      # the hook wrapper around the test function
+        hook = plugin.pytest_pyfunc_call(item)
+        next(hook)
+        hook.throw(plugin.GapHit(reason))
+    assert raised.value.msg == reason and item.stash[plugin._GAP_HIT] == reason
+    call = SimpleNamespace(when="call", excinfo=raised)
+    assert report(item, call) == f"[declared gap hit] {reason}"
+    assert plugin._GAP_HIT not in item.stash and "repr_failure" not in vars(item)
+    assert report(item, call) == "pytest's traceback"                   # the stash was for one report
+    other = Item()
+    assert report(other, SimpleNamespace(when="call", excinfo=SimpleNamespace(value=AssertionError("x")))) == \
+        "pytest's traceback"
+    other.stash[plugin._GAP_HIT] = reason          # an exception that is not the gap's xfail
+    assert report(other, SimpleNamespace(when="call", excinfo=SimpleNamespace(value=AssertionError(reason)))) == \
+        "pytest's traceback"

@@ -1,0 +1,102 @@
+"""harness/interp_speed.py: the interpreter's device-function calls patch triton.language once a
+launch, not once a call, and nothing else changes: the same bits out of a kernel that calls
+helpers in its loops, the language restored after every launch."""
+import pytest
+import torch
+
+from harness import interp_speed
+
+pytestmark = pytest.mark.op("rmsnorm_backward")
+
+
+def _language():
+    """What a launch patches and must put back: the identities of builtins and patched attributes."""
+    import triton.language as tl
+    names = ("sum", "load", "store", "zeros", "where", "reduce", "associative_scan", "rsqrt")
+    return ({n: getattr(tl, n) for n in names}, {n: getattr(tl.core, n) for n in names if hasattr(tl.core, n)},
+            {n: getattr(tl.core.tensor, n, None) for n in ("__add__", "__mul__", "to", "__bool__", "T")})
+
+
+def _run(dtype):
+    """rmsnorm_backward on the chunked path (chunks of 16, 3 row groups, two passes): a kernel that
+    calls load_tile, kahan_add, _group_tile ... inside its loops."""
+    import kernels
+    gen = torch.Generator().manual_seed(5)
+    x, dy = (torch.randn(7, 83, generator=gen).to(dtype) for _ in range(2))
+    w = torch.randn(83, generator=gen).to(dtype)
+    return kernels.rmsnorm_backward(dy, x, w, 1e-6, block_cols=16, row_groups=3)
+
+
+def _bits(t):
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_memo_changes_no_bit_and_restores_the_language(dtype, backend, monkeypatch):
+    if backend.name != "interpreter":       # the plugin leaves a GPU run's interpreter alone
+        assert not interp_speed._installed
+        return
+    from triton.runtime import interpreter as it
+    assert interp_speed.install(), "this Triton's interpreter has no _patch_lang / GridExecutor to memoise"
+    original = interp_speed.ORIGINAL["_patch_lang"]
+    assert it._patch_lang is not original
+    patches = []
+
+    def counted(fn):
+        patches.append(fn)
+        return original(fn)
+
+    def as_shipped():
+        monkeypatch.setattr(it, "_patch_lang", counted)
+        monkeypatch.setattr(it.GridExecutor, "__call__", interp_speed.ORIGINAL["GridExecutor.__call__"])
+        monkeypatch.setattr(it, "_get_np_dtype", interp_speed.ORIGINAL["_get_np_dtype"])
+
+    def memoised():
+        monkeypatch.setattr(it, "_patch_lang", memo_patch)
+        monkeypatch.setattr(it.GridExecutor, "__call__", memo_call)
+        monkeypatch.setattr(it, "_get_np_dtype", memo_np_dtype)
+
+    memo_patch, memo_call, memo_np_dtype = it._patch_lang, it.GridExecutor.__call__, it._get_np_dtype
+    assert memo_np_dtype is not interp_speed.ORIGINAL["_get_np_dtype"]
+    monkeypatch.setitem(interp_speed.ORIGINAL, "_patch_lang", counted)
+    # Triton's own interpreter leaves some tl.core builtins patched after a launch (a helper's
+    # patch of a module the kernel's does not see is never restored): a first launch, then the
+    # language must be the same after each of the others.
+    as_shipped()
+    _run(dtype)
+    before = _language()
+    memoised()
+    patches.clear()
+    fast = _run(dtype)
+    memo = len(patches)
+    assert _language() == before, "a launch under the memo changed what triton.language holds after it"
+    as_shipped()
+    patches.clear()
+    slow = _run(dtype)
+    assert _language() == before
+    assert 0 < memo and 20 * memo < len(patches), (memo, len(patches))     # the memo skips the repeats
+    assert len(fast) == len(slow) == 2
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+
+
+def test_the_dtype_table_answers_as_the_interpreter(backend):
+    """Every type the interpreter maps: scalars, pointers, blocks of either; and what it refuses."""
+    if backend.name != "interpreter":
+        assert not interp_speed._installed
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+    fast, slow = it._get_np_dtype, interp_speed.ORIGINAL["_get_np_dtype"]
+    assert fast is not slow
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64,
+               tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.float8e5, tl.float8e4nv, tl.float8e4b15]
+    types = scalars + [tl.pointer_type(t) for t in scalars] + [tl.block_type(t, [4, 2]) for t in scalars] + [
+        tl.block_type(tl.pointer_type(t), [8]) for t in scalars]
+    for _ in range(2):                   # filling the table, then from it
+        for t in types:
+            assert fast(t) == slow(t), t
+    with pytest.raises(KeyError):
+        slow(tl.void)
+    with pytest.raises(KeyError):
+        fast(tl.void)
