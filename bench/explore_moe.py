@@ -56,7 +56,7 @@ def profile(fn, n=5):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")
+    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants
     args = ap.parse_args()
     parts = args.part.split(",")
     T = 8192
@@ -69,6 +69,35 @@ def main():
                   ", ".join(f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])), flush=True)
             print(f"{name} T{T} as called {bench(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False)):.3f} ms",
                   flush=True)
+    if "variants" in parts:
+        # The TMA path's switches: x gathered inside the up GEMM (or by its own kernel into xs),
+        # bf16 partials for bf16 inputs (or fp32). Error against a float64 loop over the experts.
+        for name in SHAPES:
+            E, k, H, I = SHAPES[name]
+            x, w13, w2, ids, tw = setup(name, T)
+            flops = 2 * T * k * 3 * I * H
+            ref = torch.zeros(T, H, dtype=torch.float64, device=x.device)
+            for e in range(E):
+                tok, slot = (ids == e).nonzero(as_tuple=True)
+                if tok.numel():
+                    gu = x[tok].double() @ w13[e].double().T
+                    hh = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+                    ref.index_add_(0, tok, (hh @ w2[e].double().T) * tw[tok, slot].double()[:, None])
+            scale = ref.abs().max().item()
+            for gather in (False, True):
+                for bf16 in (False, True):
+                    km._GATHER_IN_UP, km._BF16_PARTIALS = gather, bf16
+                    y = kernels.moe(x, w13, w2, ids, tw, validate=False)
+                    err = (y.double() - ref).abs().max().item() / scale
+                    ms = bench(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
+                    per = profile(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
+                    print(f"{name} T{T} gather_in_up={gather} bf16_partials={bf16}: {ms:.3f} ms "
+                          f"{tflops(flops, ms):.0f} TFLOP/s, max err / max|y| {err:.2e}; " +
+                          ", ".join(f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])),
+                          flush=True)
+            km._GATHER_IN_UP, km._BF16_PARTIALS = True, True
+            del x, w13, w2, ref
+            torch.cuda.empty_cache()
     if "prefill" in parts:
         base_tma = dict(km._TMA_TILES)
         for name, cfgs in (("qwen3", [(128, 128, 64, 4, 128, 64, 4), (128, 128, 64, 4, 128, 64, 3), (128, 128, 64, 4, 64, 64, 4),

@@ -406,24 +406,35 @@ def _moe_gather_kernel(x_ptr, xs_ptr, sorted_ptr, num_ptr, N_ENTRIES, K_SLOTS, H
 
 
 @triton.jit
-def _moe_up_tma_kernel(xs_desc, w_desc, h_desc, block_expert_ptr, num_ptr, H, I,
-                       NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _moe_up_tma_kernel(xs_desc, x_ptr, sorted_ptr, w_desc, h_desc, block_expert_ptr, num_ptr, N_ENTRIES, K_SLOTS,
+                       H, I, sx0, sx1, NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, GATHER: tl.constexpr):
     """The up GEMM, Hopper style (kernels/gemm.py's _gemm_tma_kernel, grouped by expert): a
     persistent walk over the output tiles of the row blocks in use. w_desc views w13 as
     [2E, I, H], so one [2, BLOCK_N, BLOCK_K] box at [2e, n, k] holds expert e's gate and up rows
-    and one BLOCK_M x 2 BLOCK_N accumulator takes both. TMA reads zeros past I and H."""
+    and one BLOCK_M x 2 BLOCK_N accumulator takes both. TMA reads zeros past I and H. GATHER: the
+    rows of x are gathered here by the tile's token ids (pointer loads; Hopper's TMA has no
+    gather), else read from xs, x already gathered in slot order."""
     used = tl.load(num_ptr) // BLOCK_M
     num_tiles = used * tl.cdiv(I, BLOCK_N)
     k_tiles = tl.cdiv(H, BLOCK_K)
+    ks = tl.arange(0, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = grouped_tile(tile, used * BLOCK_M, I, BLOCK_M, BLOCK_N, GROUP_M)
         e = tl.load(block_expert_ptr + pid_m)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
+        if GATHER:
+            entry = tl.load(sorted_ptr + off_m + tl.arange(0, BLOCK_M))
+            live = entry < N_ENTRIES
+            rows = x_ptr + tl.where(live, entry // K_SLOTS, 0).to(tl.int64)[:, None] * sx0
         acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
         for k in range(0, k_tiles):
-            a = xs_desc.load([off_m, k * BLOCK_K])
+            if GATHER:
+                kk = k * BLOCK_K + ks
+                a = tl.load(rows + kk[None, :] * sx1, mask=live[:, None] & (kk < H)[None, :], other=0.0)
+            else:
+                a = xs_desc.load([off_m, k * BLOCK_K])
             w = w_desc.load([2 * e, off_n, k * BLOCK_K]).reshape(2 * BLOCK_N, BLOCK_K)
             acc = tl.dot(a, w.T, acc)
         gate, up = acc.reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1).split()
@@ -437,7 +448,7 @@ def _moe_down_tma_kernel(h_desc, w_desc, buf_desc, H, I, block_expert_ptr, num_p
                          GROUP_M: tl.constexpr):
     """The down GEMM on the TMA path: h's row blocks times expert e's w2 (a [1, BLOCK_N, BLOCK_K]
     box of w2 [E, H, I]), stored in fp32 at the same slots of the [slots, H] buffer by TMA
-    (asynchronous: the next tile's loads overlap it)."""
+    (asynchronous: the next tile's loads overlap it), in the buffer's dtype."""
     used = tl.load(num_ptr) // BLOCK_M
     num_tiles = used * tl.cdiv(H, BLOCK_N)
     k_tiles = tl.cdiv(I, BLOCK_K)
@@ -451,7 +462,7 @@ def _moe_down_tma_kernel(h_desc, w_desc, buf_desc, H, I, block_expert_ptr, num_p
             a = h_desc.load([off_m, k * BLOCK_K])
             w = w_desc.load([e, off_n, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K)
             acc = tl.dot(a, w.T, acc)
-        buf_desc.store([off_m, off_n], acc)
+        buf_desc.store([off_m, off_n], acc.to(buf_desc.dtype))
 
 
 @triton.jit
@@ -472,7 +483,7 @@ def _moe_combine_kernel(buf_ptr, inv_ptr, tw_ptr, bad_ptr, y_ptr, T, H, K_SLOTS,
         placed = slot >= 0
         rw = tl.load(tw_ptr + rows * st0 + s * st1, mask=row_ok, other=0.0)
         part = tl.load(buf_ptr + slot.to(tl.int64)[:, None] * H + cols[None, :], mask=mask & placed[:, None],
-                       other=0.0)
+                       other=0.0).to(tl.float32)
         acc += part * rw[:, None]
         dropped += (row_ok & ~placed).to(tl.int32)
     acc = tl.where(dropped[:, None] > 0, float("nan"), acc)
@@ -545,31 +556,41 @@ def _tma_programs(device, tiles):
     return min(tiles, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
+# Experiment switches (bench/explore_moe.py --part variants).
+_GATHER_IN_UP = True
+_BF16_PARTIALS = True
+
+
 def _moe_tma(x, w13, w2, sorted_ids, block_expert, num, bm):
-    """The two GEMMs on the TMA path: gather x's rows into slot order, then the persistent
-    up and down kernels. Returns the fp32 [slots, H] buffer of the down GEMM."""
+    """The two GEMMs on the TMA path: the persistent up kernel (gathering x's rows itself), then
+    the down kernel. Returns the [slots, H] buffer of the down GEMM."""
     T, H = x.shape
     E, I = w2.shape[0], w2.shape[2]
     N = sorted_ids.numel() - E * (bm - 1)           # T k (permute_capacity)
     rows = block_expert.shape[0] * bm
     t = _TMA_TILES if not interpreting() else dict(up_n=16, up_k=16, up_stages=1, down_n=16, down_k=16,
                                                    down_stages=1, warps=4, group_m=2)
-    xs = allocate((rows, H), x.dtype, x.device, name="x_sorted")
-    h = allocate((rows, I), x.dtype, x.device, name="h")
-    buf = allocate((rows, H), torch.float32, x.device, name="moe_partial")
-    block_s, block_h = 16, min(512, max(16, triton.next_power_of_2(H)))
-    _moe_gather_kernel[(triton.cdiv(rows, block_s), triton.cdiv(H, block_h))](
-        x, xs, sorted_ids, num, N, N // T, H, x.stride(0), x.stride(1), BLOCK_S=block_s, BLOCK_H=block_h)
 
     def fit(cap, n):
         return min(cap, max(16, triton.next_power_of_2(n)))
     bn, bk = fit(t["up_n"], I), fit(t["up_k"], H)
-    xs_d = TensorDescriptor.from_tensor(xs, [bm, bk])
+    h = allocate((rows, I), x.dtype, x.device, name="h")
+    partial_dtype = torch.bfloat16 if _BF16_PARTIALS and x.dtype == torch.bfloat16 else torch.float32
+    buf = allocate((rows, H), partial_dtype, x.device, name="moe_partial")
+    if _GATHER_IN_UP:
+        xs_d = None
+    else:
+        xs = allocate((rows, H), x.dtype, x.device, name="x_sorted")
+        block_s, block_h = 16, min(512, max(16, triton.next_power_of_2(H)))
+        _moe_gather_kernel[(triton.cdiv(rows, block_s), triton.cdiv(H, block_h))](
+            x, xs, sorted_ids, num, N, N // T, H, x.stride(0), x.stride(1), BLOCK_S=block_s, BLOCK_H=block_h)
+        xs_d = TensorDescriptor.from_tensor(xs, [bm, bk])
     w13_d = TensorDescriptor(w13, [2 * E, I, H], [I * H, H, 1], [2, bn, bk])
     h_d = TensorDescriptor.from_tensor(h, [bm, bn])
     programs = _tma_programs(x.device, block_expert.shape[0] * triton.cdiv(I, bn))
-    _moe_up_tma_kernel[(programs,)](xs_d, w13_d, h_d, block_expert, num, H, I, NUM_PROGRAMS=programs,
-                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=t["group_m"],
+    _moe_up_tma_kernel[(programs,)](xs_d, x, sorted_ids, w13_d, h_d, block_expert, num, N, N // T, H, I,
+                                    x.stride(0), x.stride(1), NUM_PROGRAMS=programs,
+                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=t["group_m"], GATHER=_GATHER_IN_UP,
                                     num_warps=t["warps"], num_stages=t["up_stages"])
     bn, bk = fit(t["down_n"], H), fit(t["down_k"], I)
     h_d = TensorDescriptor.from_tensor(h, [bm, bk])
