@@ -56,7 +56,7 @@ def profile(fn, n=5):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants
+    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2
     args = ap.parse_args()
     parts = args.part.split(",")
     T = 8192
@@ -70,8 +70,10 @@ def main():
             print(f"{name} T{T} as called {bench(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False)):.3f} ms",
                   flush=True)
     if "variants" in parts:
-        # The TMA path's switches: x gathered inside the up GEMM (or by its own kernel into xs),
-        # bf16 partials for bf16 inputs (or fp32). Error against a float64 loop over the experts.
+        # The TMA path's choices: x gathered inside the up GEMM (or by its own kernel into xs), bf16
+        # partials for bf16 inputs (or fp32), alternated three times (the profiler's spread is 5%).
+        # Error against a float64 loop over the experts.
+        base = (km._GATHER_MAX_N_TILES, km._PARTIALS_IN_BF16)
         for name in SHAPES:
             E, k, H, I = SHAPES[name]
             x, w13, w2, ids, tw = setup(name, T)
@@ -84,20 +86,56 @@ def main():
                     hh = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
                     ref.index_add_(0, tok, (hh @ w2[e].double().T) * tw[tok, slot].double()[:, None])
             scale = ref.abs().max().item()
-            for gather in (False, True):
-                for bf16 in (False, True):
-                    km._GATHER_IN_UP, km._BF16_PARTIALS = gather, bf16
-                    y = kernels.moe(x, w13, w2, ids, tw, validate=False)
-                    err = (y.double() - ref).abs().max().item() / scale
-                    ms = bench(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
-                    per = profile(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
-                    print(f"{name} T{T} gather_in_up={gather} bf16_partials={bf16}: {ms:.3f} ms "
-                          f"{tflops(flops, ms):.0f} TFLOP/s, max err / max|y| {err:.2e}; " +
-                          ", ".join(f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])),
-                          flush=True)
-            km._GATHER_IN_UP, km._BF16_PARTIALS = True, True
+            for rep in range(3):
+                for gather in (False, True):
+                    for bf16 in (False, True):
+                        km._GATHER_MAX_N_TILES, km._PARTIALS_IN_BF16 = (1 << 30) if gather else 0, bf16
+                        y = kernels.moe(x, w13, w2, ids, tw, validate=False)
+                        err = (y.double() - ref).abs().max().item() / scale
+                        ms = bench(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
+                        per = profile(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
+                        print(f"{name} T{T} rep {rep} gather_in_up={gather} bf16_partials={bf16}: {ms:.3f} ms "
+                              f"{tflops(flops, ms):.0f} TFLOP/s, max err / max|y| {err:.2e}; " +
+                              ", ".join(f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])),
+                              flush=True)
+            km._GATHER_MAX_N_TILES, km._PARTIALS_IN_BF16 = base
             del x, w13, w2, ref
             torch.cuda.empty_cache()
+    if "tiles2" in parts:
+        # Qwen3-MoE T 8192, the pieces besides the up GEMM: the down GEMM's tiles, the combine's
+        # tiles (each by the profiler), and the permutation's chunk at E 64, 128, 256.
+        name = "qwen3"
+        E, k, H, I = SHAPES[name]
+        x, w13, w2, ids, tw = setup(name, T)
+        flops = 2 * T * k * 3 * I * H
+
+        def run():
+            return kernels.moe(x, w13, w2, ids, tw, validate=False)
+        base = (dict(km._TMA_TILES), dict(km._COMBINE), km._permute_chunk)
+        for dn, dk, st in ((128, 64, 4), (256, 64, 3), (128, 128, 3), (128, 64, 5)):
+            km._TMA_TILES.update(down_n=dn, down_k=dk, down_stages=st)
+            ms = bench(run)
+            per = profile(run)
+            print(f"{name} T{T} down {dn}x{dk} stages {st}: {ms:.3f} ms {tflops(flops, ms):.0f} TFLOP/s; " +
+                  ", ".join(f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])), flush=True)
+        km._TMA_TILES.update(base[0])
+        for bt, bn, w in ((16, 128, 4), (32, 128, 4), (16, 256, 4), (32, 256, 8), (64, 128, 8), (8, 256, 4)):
+            km._COMBINE.update(block_t=bt, block_n=bn, warps=w)
+            per = profile(run)
+            print(f"combine {bt}x{bn} warps {w}: {per.get('_moe_combine_kernel', 0) * 1e3:.1f} us", flush=True)
+        km._COMBINE.update(base[1])
+        del x, w13, w2
+        for E in (64, 128, 256):
+            g = torch.Generator(device="cuda").manual_seed(E)
+            ids = torch.rand(T, E, device="cuda", generator=g).topk(8, dim=1).indices.to(torch.int32)
+            for chunk in (32, 64, 128, 256, 512):
+                km._permute_chunk = lambda block_e, chunk=chunk: chunk
+                per = profile(lambda: km.moe_permute(ids, E, 128))
+                print(f"permute E{E} N{T * 8} chunk {chunk}: total {sum(per.values()) * 1e3:.1f} us; " +
+                      ", ".join(f"{k} {v * 1e3:.1f}us" for k, v in sorted(per.items(), key=lambda kv: -kv[1])),
+                      flush=True)
+        km._permute_chunk = base[2]
+        torch.cuda.empty_cache()
     if "prefill" in parts:
         base_tma = dict(km._TMA_TILES)
         for name, cfgs in (("qwen3", [(128, 128, 64, 4, 128, 64, 4), (128, 128, 64, 4, 128, 64, 3), (128, 128, 64, 4, 64, 64, 4),

@@ -256,6 +256,23 @@ def _scatter_kernel(ids_ptr, counts_ptr, totals_ptr, sorted_ptr, inv_ptr, N, K, 
     tl.store(inv_ptr + j, tl.where(placed, pos, -1), mask=valid)
 
 
+def _permute_chunk(block_e: int) -> int:
+    """Entries per chunk of the multi-chunk permutation on a GPU (count, scan and scatter: one
+    [chunk, experts] one-hot tile a program). Chunks of fewer than 128 entries ran 3x slower
+    (H200, 65536 entries, bench/explore_moe.py --part tiles2: E 128 93 -> 32 us, E 256 95 -> 42 us
+    at 128 entries); the tile stays at 16384 elements up to 128 experts, 128 rows up to 256, and
+    the old 8192-element tiles past that (a [128, 1024] tile would not fit the registers)."""
+    if block_e <= 128:
+        return min(1024, 16384 // block_e)
+    if block_e <= 256:
+        return 128
+    return max(16, 8192 // block_e)
+
+
+# The combine's tiles (bench/explore_moe.py --part tiles2: no other tile was faster on the H200).
+_COMBINE = dict(block_t=16, block_n=128, warps=4)
+
+
 def permute_capacity(n_entries: int, num_experts: int, block: int) -> int:
     """The length of sorted_ids: the padded length's bound T k + E (block - 1)."""
     return n_entries + num_experts * (block - 1)
@@ -289,7 +306,7 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sor
     out_inv = new_out(out_inv, (N,), torch.int32, dev, "out_inv")
     E = num_experts
     block_e = triton.next_power_of_2(E)
-    block_n = max(16, min(1024, 8192 // block_e))
+    block_n = max(16, min(1024, 8192 // block_e)) if interpreting() else _permute_chunk(block_e)
     n_chunks = triton.cdiv(N, block_n)
     s0, s1 = topk_ids.stride()
     block_f = 1024
@@ -556,14 +573,23 @@ def _tma_programs(device, tiles):
     return min(tiles, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-# Experiment switches (bench/explore_moe.py --part variants).
-_GATHER_IN_UP = True
-_BF16_PARTIALS = True
+# The up GEMM gathers x's rows itself when it has at most this many column tiles (each re-reads
+# the row block's gathered x); past that the gather kernel writes x in slot order once, read by
+# TMA. H200, bf16, T 8192 (bench/explore_moe.py --part variants, three alternations): Qwen3-MoE
+# (I 768, 6 tiles) 1.18-1.21 ms gathering inside against 1.22-1.33; Mixtral (I 14336, 112 tiles)
+# 9.41-9.85 against 9.04-9.84, its up GEMM 6-7% slower with pointer loads of x.
+_GATHER_MAX_N_TILES = 8
+# bf16 inputs keep the down GEMM's partials in bf16 (a third rounding of 2^-8 V, within the
+# budget's derivation, tolerances.toml [moe.bfloat16]): half the bytes of the buffer the
+# combine reads back (Qwen3-MoE T 8192: down 0.48 -> 0.38 ms, combine 0.15 -> 0.10). fp16 keeps
+# fp32 partials (a partial may exceed fp16's range where y does not).
+_PARTIALS_IN_BF16 = True
 
 
 def _moe_tma(x, w13, w2, sorted_ids, block_expert, num, bm):
-    """The two GEMMs on the TMA path: the persistent up kernel (gathering x's rows itself), then
-    the down kernel. Returns the [slots, H] buffer of the down GEMM."""
+    """The two GEMMs on the TMA path: x's rows gathered into slot order (by the up kernel itself
+    or by the gather kernel first), the persistent up kernel, then the down kernel. Returns the
+    [slots, H] buffer of the down GEMM (fp32, or bf16 for bf16 inputs)."""
     T, H = x.shape
     E, I = w2.shape[0], w2.shape[2]
     N = sorted_ids.numel() - E * (bm - 1)           # T k (permute_capacity)
@@ -575,9 +601,10 @@ def _moe_tma(x, w13, w2, sorted_ids, block_expert, num, bm):
         return min(cap, max(16, triton.next_power_of_2(n)))
     bn, bk = fit(t["up_n"], I), fit(t["up_k"], H)
     h = allocate((rows, I), x.dtype, x.device, name="h")
-    partial_dtype = torch.bfloat16 if _BF16_PARTIALS and x.dtype == torch.bfloat16 else torch.float32
+    partial_dtype = torch.bfloat16 if _PARTIALS_IN_BF16 and x.dtype == torch.bfloat16 else torch.float32
     buf = allocate((rows, H), partial_dtype, x.device, name="moe_partial")
-    if _GATHER_IN_UP:
+    gather = triton.cdiv(I, bn) <= _GATHER_MAX_N_TILES
+    if gather:
         xs_d = None
     else:
         xs = allocate((rows, H), x.dtype, x.device, name="x_sorted")
@@ -590,7 +617,7 @@ def _moe_tma(x, w13, w2, sorted_ids, block_expert, num, bm):
     programs = _tma_programs(x.device, block_expert.shape[0] * triton.cdiv(I, bn))
     _moe_up_tma_kernel[(programs,)](xs_d, x, sorted_ids, w13_d, h_d, block_expert, num, N, N // T, H, I,
                                     x.stride(0), x.stride(1), NUM_PROGRAMS=programs,
-                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=t["group_m"], GATHER=_GATHER_IN_UP,
+                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=t["group_m"], GATHER=gather,
                                     num_warps=t["warps"], num_stages=t["up_stages"])
     bn, bk = fit(t["down_n"], H), fit(t["down_k"], I)
     h_d = TensorDescriptor.from_tensor(h, [bm, bk])
@@ -632,11 +659,12 @@ def _combine(buf, inv, topk_weights, out, E, topk_ids, validate, launcher):
     K = topk_weights.shape[1]
     count = validate is not False
     bad = error_word(out.device, validate) if count else buf
-    block_t = 16
-    block_n = min(128, max(16, triton.next_power_of_2(H)))
+    c = _COMBINE
+    block_t = c["block_t"]
+    block_n = min(c["block_n"], max(16, triton.next_power_of_2(H)))
     _moe_combine_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
         buf, inv, topk_weights, bad, out, T, H, K, *topk_weights.stride(), COUNT_BAD=count,
-        BLOCK_T=block_t, BLOCK_N=block_n)
+        BLOCK_T=block_t, BLOCK_N=block_n, num_warps=c["warps"])
     if count:
         report_errors(bad, validate, launcher, functools.partial(_bad_ids, E), functools.partial(_id_range, topk_ids))
 

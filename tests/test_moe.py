@@ -79,6 +79,22 @@ def test_deterministic(backend):
     assert torch.equal(a, b)
 
 
+def test_tma_path_gathers_x_in_the_up_gemm_or_before_it_alike(backend, budgets, monkeypatch):
+    """The TMA path gathers x's rows inside the up GEMM (few column tiles) or with the gather
+    kernel first: the same values reach the same dots, so both give the same bits, within budget."""
+    op = registry.get("moe")
+    inp = op.inputs(_case("float16", shape=(160, 64, 48, 8), top_k=4), backend.device)
+    args = op._args(inp)
+    x, w13, w2, ids = args[:4]
+    assert kmoe._use_tma(x, w13, w2, 160, 4, 8, None)          # else this test checks nothing
+    got = {}
+    for limit in (0, 1 << 30):
+        monkeypatch.setattr(kmoe, "_GATHER_MAX_N_TILES", limit)
+        got[limit] = kernels.moe(*args)
+    assert torch.equal(got[0], got[1 << 30])
+    assert _judge(op, inp, got[0], budgets.get("moe", "float16", backend.name)).passed
+
+
 def test_repeated_expert_counts_twice(backend, budgets):
     """A token naming one expert in two slots gets both contributions, as in the oracle."""
     op = registry.get("moe")
