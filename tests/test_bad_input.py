@@ -311,6 +311,8 @@ BAD = [
     ("mla_decode", "lens past the cache", lambda d: MLA(d, lens=torch.tensor([7, 1], device=d)), ValueError, "lens"),
     ("mla_decode", "lens past the table", lambda d: MLA(d, paged=True, lens=torch.tensor([9, 3], device=d)), ValueError, "lens"),
     ("mla_decode", "negative lens", lambda d: MLA(d, lens=torch.tensor([-1, 2], device=d)), ValueError, "lens"),
+    # int64 lens are read as int64: 2^32 + 3 must not pass as 3 (mutant 6a87c6dfc1, results/mutation/runs/mla-past-2-31)
+    ("mla_decode", "lens past int32", lambda d: MLA(d, lens=torch.tensor([2**32 + 3, 2], device=d)), ValueError, "lens"),
     ("mla_decode", "lens count", lambda d: MLA(d, lens=torch.tensor([1], device=d)), ValueError, "lens"),
     ("mla_decode", "lens 2-d", lambda d: MLA(d, lens=torch.tensor([[1, 2]], device=d)), ValueError, "lens"),
     ("mla_decode", "lens float", lambda d: MLA(d, lens=torch.tensor([1.0, 2.0], device=d)), TypeError, "lens"),

@@ -510,6 +510,46 @@ def test_gated_delta_decode_state_past_2_31_elements(layout, backend, budgets):
         torch.cuda.empty_cache()
 
 
+# mla_decode: the cache's positions and q's heads past 2^31 elements. A stride below 2^31 is an
+# int32 argument, so only an int64 position (position x the cache's position stride) and an int64
+# head (head x q's head stride) keep the address from wrapping: the mutation sample's survivors
+# f295df3bc8 (pos), 14efbb3700 / 8a4355fe7f (head, q_pe), in results/mutation/runs/mla-sample.
+# Storage of 2^31 elements and more, written only where the call reads (the CPU backs nothing
+# else); a few programs, so the interpreter runs it too. L 64 and R 16 keep the rest small.
+@pytest.mark.op("mla_decode")
+@pytest.mark.parametrize("layout", ["position_stride", "nope_head_stride", "pe_head_stride"])
+def test_mla_decode_reads_past_2_31_elements(layout, backend, budgets):
+    dev, g = backend.device, torch.Generator().manual_seed(13)
+    B, Tq, L, R = 1, 2, 64, 16
+    H, T = (4, 520) if layout == "position_stride" else (9, 40)
+
+    def dense(*shape):
+        return torch.randn(*shape, generator=g).half().to(dev)
+    q_nope, q_pe, c_kv, k_pe = dense(B, Tq, H, L), dense(B, Tq, H, R), dense(B, T, L), dense(B, T, R)
+    args = dict(q_nope=q_nope, q_pe=q_pe, c_kv=c_kv, k_pe=k_pe)
+    if layout == "position_stride":
+        step = 2**22                                   # position 512 starts 2^31 elements in
+        far = torch.empty(T * step, dtype=torch.float16, device=dev).as_strided((B, T, L), (T * step, step, 1))
+        far.copy_(c_kv)
+        args["c_kv"] = far
+    else:
+        name, width = ("q_nope", L) if layout == "nope_head_stride" else ("q_pe", R)
+        step = 2**28                                   # head 8 starts 2^31 elements in
+        far = torch.empty(H * step, dtype=torch.float16, device=dev).as_strided((B, Tq, H, width),
+                                                                                (H * step, width, step, 1))
+        far.copy_(args[name])
+        args[name] = far
+    lens = torch.tensor([T], dtype=torch.int32, device=dev)
+    scale = 192 ** -0.5
+    o, lse = kernels.mla_decode(args["q_nope"], args["q_pe"], args["c_kv"], args["k_pe"], lens, scale)
+    same = dict(q_nope=q_nope, q_pe=q_pe, c_kv=c_kv, k_pe=k_pe, lens=lens, softmax_scale=scale, page_table=None,
+                page_size=None, num_splits=None)
+    _judge_tail("mla_decode", (o, lse), same, budgets.get("mla_decode", "float16", backend.name), layout)
+    del far, args
+    if backend.name == "gpu":
+        torch.cuda.empty_cache()
+
+
 # MoE. moe and moe_mxfp4 address expert e's weights as e x the expert stride (an int32 argument
 # below 2^31: only an int64 e keeps it from wrapping), x's rows as token x row stride, and the
 # [slots, H] buffers and y as slot (or token) x H; moe_route its logits as token x row stride and
