@@ -631,13 +631,14 @@ def test_moe_reads_experts_past_2_31_elements(op, dtype, config, layout, backend
 
 @pytest.mark.parametrize("op,dtype,config,path", [pytest.param("moe", "float16", "huge", path, id=path,
                                                                marks=pytest.mark.op("moe"))
-                                                  for path in ("tma", "pointer")])
-def test_moe_reads_and_writes_tokens_past_2_31_elements(op, dtype, config, path, backend, budgets):
+                                                  for path in ("tma", "tma_gather_kernel", "pointer")])
+def test_moe_reads_and_writes_tokens_past_2_31_elements(op, dtype, config, path, backend, budgets, monkeypatch):
     """x and y [2^21 + 64, 1024] (the last 64 tokens start past 2^31 elements), one expert slot a
     token, so the fp32 [slots, H] buffer of the down GEMM passes 2^31 elements too (and on the TMA
     path the gathered x). Two experts of I = 32. tma: row-major weights, which a Hopper GPU takes
-    through the TMA kernels (20 GiB: x, y and the gathered x 4 GiB each, the buffer 8); pointer:
-    the weights stored transposed, the pointer kernels (16 GiB)."""
+    through the TMA kernels, x's rows gathered inside the up GEMM (one column tile); tma_gather_kernel:
+    the same with the gather kernel writing x in slot order first (20 GiB: x, y and the gathered x
+    4 GiB each, the buffer 8); pointer: the weights stored transposed, the pointer kernels (16 GiB)."""
     assert backend.name == "gpu", "2^17 programs in the interpreter: hours (declared gap interp-huge-rows)"
     from harness.ops.moe import _store, float_weights
     from kernels.moe import _use_tma
@@ -647,10 +648,13 @@ def test_moe_reads_and_writes_tokens_past_2_31_elements(op, dtype, config, path,
     x = torch.zeros(T, H, dtype=torch.float16, device=dev)
     x[-64:] = torch.randn(64, H, generator=g).half().to(dev)
     w13, w2 = (_store(w.half(), path == "pointer", dev) for w in float_weights((T, H, I, E), g))
+    if path == "tma_gather_kernel":
+        import importlib
+        monkeypatch.setattr(importlib.import_module("kernels.moe"), "_GATHER_MAX_N_TILES", 0)
     ids = torch.randint(0, E, (T, 1), generator=g, dtype=torch.int32).to(dev)
     tw = torch.rand(T, 1, generator=g).add_(0.5).to(dev)
     hopper = torch.cuda.get_device_capability(dev)[0] >= 9
-    assert _use_tma(x, w13, w2, T, 1, E, None) == (path == "tma" and hopper), f"{path}: not the path meant"
+    assert _use_tma(x, w13, w2, T, 1, E, None) == (path != "pointer" and hopper), f"{path}: not the path meant"
     y = kernels.moe(x, w13, w2, ids, tw)
     tail = {"x": x[-64:].clone(), "w13": w13, "w2": w2, "topk_ids": ids[-64:].clone(), "topk_weights": tw[-64:].clone()}
     _judge_tail(op, (y[-64:],), tail, budgets.get(op, dtype, backend.name), f"{path}, tokens {T - 64}..{T - 1}")
