@@ -263,3 +263,20 @@ def test_triton_native_fp32_to_bf16_cast_of_decoded_values(config, backend):
     y = torch.empty(x.shape, dtype=torch.bfloat16, device=backend.device)
     _to_bf16_kernel[(1,)](x.to(backend.device), y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
     _assert_exact("y", y, x.double())
+
+
+@pytest.mark.op("quantize_mxfp4")
+def test_tiles_do_not_change_the_codes(backend):
+    """block_m and block_k choose tiles only: every power of two the launchers accept gives the
+    codes, scales and decoded values of the default tiles, bit for bit, up to tiles of 2048
+    columns (64 scale blocks a program: the mutants BLOCK_K // 31 of the sample, equal to
+    BLOCK_K // 32 up to 512 columns, survived without them)."""
+    g = torch.Generator().manual_seed(31)
+    x = (torch.randn(3, 2048, generator=g) * torch.logspace(-3, 3, 2048)).to(backend.device)
+    q, s = kernels.quantize_mxfp4(x)
+    y = kernels.dequantize_mxfp4(q, s, dtype=torch.float32)
+    for bm, bk in ((1, 32), (2, 256), (4, 1024), (1, 2048)):
+        qt, st = kernels.quantize_mxfp4(x, block_m=bm, block_k=bk)
+        assert torch.equal(qt, q) and torch.equal(st, s), f"quantize_mxfp4, block_m {bm}, block_k {bk}"
+        yt = kernels.dequantize_mxfp4(q, s, dtype=torch.float32, block_m=bm, block_k=bk)
+        assert torch.equal(yt, y), f"dequantize_mxfp4, block_m {bm}, block_k {bk}"
