@@ -3,6 +3,7 @@ num_splits) on bench_mla's rows (bf16, L 512, R 64, contiguous caches, validate=
 only the kernels count). Informs kernels/mla.py's _tiles and _splits (bench/NOTES.md).
 
     python bench/explore_mla.py [--paged] [--graph] [--rows 0,3]
+    python bench/explore_mla.py --graph --splits 2,4,8 [--batches 16,64] [--reps 2]
 
 --paged: the cache as a pool of 64-position pages in a random order (bench_mla's); --graph: time
 each configuration captured in a CUDA graph (the kernels' time without the host's).
@@ -33,6 +34,9 @@ def main():
     parser.add_argument("--rows", default=",".join(str(i) for i in range(len(ROWS))))
     parser.add_argument("--page-mode", type=int, help="0: force kernels.mla's page index a position")
     parser.add_argument("--identity-pages", action="store_true", help="with --paged: pages in order, not shuffled")
+    parser.add_argument("--splits", help="comma-separated split counts: sweep these alone, tiles by shape")
+    parser.add_argument("--batches", help="with --splits: comma-separated B values for every row")
+    parser.add_argument("--reps", type=int, default=2)
     for name in ("block_h", "block_n", "num_warps", "num_stages"):
         parser.add_argument("--" + name.replace("_", "-"), help=f"comma-separated {name} values to sweep")
     args = parser.parse_args()
@@ -42,6 +46,9 @@ def main():
     copy = copy_ceiling()
     print(f"copy ceiling {copy:.0f} GB/s; page mode {args.page_mode}; paged {args.paged}, CUDA graph {args.graph}", flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
+    if args.splits:
+        sweep_splits(args, copy, g)
+        return
     for H, B, T, Tq in (ROWS[int(i)] for i in args.rows.split(",")):
         q_nope = torch.randn(B, Tq, H, L, device="cuda", dtype=DT)
         q_pe = torch.randn(B, Tq, H, R, device="cuda", dtype=DT)
@@ -81,6 +88,40 @@ def main():
             print(f"  {ms * 1e3:8.1f} us  {nbytes / ms / 1e6:6.0f} GB/s ({100 * nbytes / ms / 1e6 / copy:3.0f}% copy)  "
                   f"{flops / ms / 1e9:5.0f} TFLOP/s  block_h {bh} block_n {bn} warps {warps} stages {stages} "
                   f"splits {splits}", flush=True)
+        del q_nope, q_pe, c_kv, k_pe
+        torch.cuda.empty_cache()
+
+
+def sweep_splits(args, copy, g):
+    """Each row (and batch) against every split count of --splits and the automatic one."""
+    counts = [None] + [int(v) for v in args.splits.split(",")]
+    rows = [ROWS[int(i)] for i in args.rows.split(",")]
+    if args.batches:
+        rows = [(H, B, T, Tq) for H, _, T, Tq in rows for B in (int(b) for b in args.batches.split(","))]
+    for H, B, T, Tq in rows:
+        q_nope = torch.randn(B, Tq, H, L, device="cuda", dtype=DT)
+        q_pe = torch.randn(B, Tq, H, R, device="cuda", dtype=DT)
+        c_kv = torch.randn(B, T, L, device="cuda", dtype=DT)
+        k_pe = torch.randn(B, T, R, device="cuda", dtype=DT)
+        lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
+        table = None
+        if args.paged:
+            c_kv, k_pe, table = paged(c_kv, k_pe, g, shuffle=not args.identity_pages)
+        nbytes = (c_kv.numel() + k_pe.numel() + 2 * q_nope.numel() + q_pe.numel()) * 2
+        flops = 2 * B * Tq * H * T * (2 * L + R)
+        times = {n: [] for n in counts}
+        for _ in range(args.reps):
+            for n in counts:
+                fn = lambda: kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.07, page_table=table,  # noqa: E731
+                                                num_splits=n, validate=False)
+                fn()
+                if args.graph:
+                    fn = cuda_graph(fn)
+                times[n].append(do_bench(fn, warmup=10, rep=40, return_mode="median"))
+        for n in counts:
+            ms = min(times[n])
+            print(f"H{H} B{B} T{T} Tq{Tq} splits {n or 'auto'}: {ms * 1e3:8.1f} us ({'/'.join(f'{t * 1e3:.1f}' for t in times[n])})"
+                  f"  {100 * nbytes / ms / 1e6 / copy:3.0f}% copy  {flops / ms / 1e9:5.0f} TFLOP/s", flush=True)
         del q_nope, q_pe, c_kv, k_pe
         torch.cuda.empty_cache()
 

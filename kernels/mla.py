@@ -31,11 +31,13 @@ _MAX_GRID_YZ = 65535        # CUDA's limit on a grid's y and z dimensions
 _INT_DTYPES = (torch.int32, torch.int64)
 # Shared memory a launch may plan for: the H100/H200 give a block 227 KiB (232448 bytes).
 _SHARED_BYTES = 224 * 1024
-# Split the cache until about this many programs run per SM (auto num_splits), no split
-# shorter than this many tiles: (programs per SM, tiles) for blocks of up to 32 rows (H 16:
-# memory-bound, where more, longer splits fill the waves: bench/NOTES.md), for larger blocks
-# (H 128), and for the interpreter, which counts as a machine of 2 SMs.
-_SPLIT_PLAN = {"narrow": (8, 8), "wide": (4, 4), "interpreter": (4, 4)}
+# Split the cache into as many splits as keep the programs within this many per SM (auto
+# num_splits), no split shorter than this many tiles: (programs per SM, tiles) for blocks of up
+# to 32 rows (H 16: two waves), for larger blocks (H 128: one wave), and for the interpreter,
+# which counts as a machine of 2 SMs. At L 512 one program fills an SM's shared memory: whole
+# waves beat more, shorter ones, and a count just past a wave (its last wave nearly empty) cost
+# up to a third (bench/NOTES.md, "mla_decode: split counts by waves").
+_SPLIT_PLAN = {"narrow": (2, 4), "wide": (1, 4), "interpreter": (4, 4)}
 _INTERPRETER_SMS = 2
 _PAGE_MODE = None           # 0: always a page index a position (tests and bench/explore_mla.py compare the modes)
 
@@ -260,18 +262,20 @@ def _sm_count(device_index):
 
 
 def _splits(programs, length, block_n, num_splits, device, block_h=64):
-    """(splits, chunk): about _SPLIT_PLAN's programs per SM over the `programs` (sequences x
-    row blocks) of a call, but no split shorter than its tiles (the combine step is not free).
-    chunk, the positions a split reads, is a multiple of block_n; an automatic count drops the
-    splits that rounding chunk up leaves empty."""
+    """(splits, chunk): at most _SPLIT_PLAN's programs per SM over the `programs` (sequences x
+    row blocks) of a call on a GPU (whole waves; about that many on the interpreter), but no
+    split shorter than its tiles (the combine step is not free). chunk, the positions a split
+    reads, is a multiple of block_n; an automatic count drops the splits that rounding chunk up
+    leaves empty."""
     auto = num_splits is None
     if auto:
         if device.type != "cuda":
             sms, (per_sm, min_tiles) = _INTERPRETER_SMS, _SPLIT_PLAN["interpreter"]
+            wanted = triton.cdiv(per_sm * sms, max(1, programs))
         else:
             sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
             per_sm, min_tiles = _SPLIT_PLAN["narrow" if block_h <= 32 else "wide"]
-        wanted = triton.cdiv(per_sm * sms, max(1, programs))
+            wanted = per_sm * sms // max(1, programs)
         num_splits = max(1, min(wanted, triton.cdiv(length, min_tiles * block_n), _MAX_GRID_YZ))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= _MAX_GRID_YZ:
         raise ValueError(f"num_splits: expected an int in [1, {_MAX_GRID_YZ}], got {num_splits!r}")
