@@ -199,13 +199,16 @@ def pytest_command(audit_path, workers: str, pytest_args) -> list:
 
 
 def run_all(cores, out_dir, pytest_args=(), workers="auto", parallel=False, torch_dispatch=True,
-            echo=print) -> list[Run]:
+            echo=print, args_by_core: dict | None = None) -> list[Run]:
     """Run the pytest command once per core type (at once with `parallel`, else one after the
-    other), each writing audit-<core>.json and <core>.log in out_dir."""
+    other), each writing audit-<core>.json and <core>.log in out_dir; `args_by_core` gives a core
+    type pytest arguments of its own instead of `pytest_args`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    args_by_core = args_by_core or {}
     runs = [Run(c, out_dir / f"audit-{c}.json", out_dir / f"{c}.log",
-                pytest_command(out_dir / f"audit-{c}.json", workers, pytest_args)) for c in cores]
+                pytest_command(out_dir / f"audit-{c}.json", workers, args_by_core.get(c, pytest_args)))
+            for c in cores]
     for r in runs:
         r.audit_path.unlink(missing_ok=True)     # never read a previous run's audit
 
