@@ -2,8 +2,9 @@
 
 A case's shape is (B, Tmax, Tq, H, L, R); its params: `lens` (comma-separated, default Tmax
 each), `page_size` (0: contiguous caches), `num_splits`, `scale` (default (L + R)^-0.5),
-`negative` (every score below zero) and `fused` (c_kv and k_pe are views of one [.., L + R]
-buffer, as serving engines store the cache).
+`negative` (every score below zero), `fused` (c_kv and k_pe are views of one [.., L + R]
+buffer, as serving engines store the cache) and `tight` (the page table has exactly the pages of
+Tmax a row, no spare -1 column: a read past a full sequence's last page leaves the table).
 """
 from __future__ import annotations
 
@@ -34,16 +35,17 @@ def _lens(text: str) -> list:
     return [int(t) for t in text.split(",")] if text else []
 
 
-def _paged(c, k, lens, page_size, gen, spare=3):
+def _paged(c, k, lens, page_size, gen, spare=3, tight=False):
     """The caches [B, Tmax, *] as pages of a pool in a random order, with spare pages of NaN no
-    table entry points to, NaN past each length, and -1 in the table past each sequence's pages."""
+    table entry points to, NaN past each length, and -1 in the table past each sequence's pages
+    (one spare column of them, or none with `tight`)."""
     B, Tmax = c.shape[:2]
     per_seq = -(-Tmax // page_size)
     n_pages = B * per_seq + spare
     order = torch.randperm(n_pages, generator=gen)
     pc = torch.full((n_pages, page_size, c.shape[2]), math.nan, dtype=torch.float64)
     pk = torch.full((n_pages, page_size, k.shape[2]), math.nan, dtype=torch.float64)
-    table = torch.full((B, per_seq + 1), -1, dtype=torch.int32)
+    table = torch.full((B, per_seq + (0 if tight else 1)), -1, dtype=torch.int32)
     for b, n in enumerate(lens):
         for j in range(-(-n // page_size)):
             page, lo, hi = order[b * per_seq + j], j * page_size, min(n, (j + 1) * page_size)
@@ -90,7 +92,7 @@ class MlaDecode(Op):
                "softmax_scale": (L + R) ** -0.5 if scale is None else scale, "page_size": None,
                "num_splits": case.param("num_splits")}
         if page_size:
-            c, k, table = _paged(c, k, lens, page_size, gen)
+            c, k, table = _paged(c, k, lens, page_size, gen, tight=case.param("tight", False))
             inp.update(page_table=table.to(device), page_size=page_size)
         else:
             inp.update(page_table=None)
@@ -171,6 +173,9 @@ class MlaDecode(Op):
         # Page sizes 1, 16 and 64 in a permuted order, lengths at the page size and +-1.
         out += [case((4, 2 * ps + 1, 2, 2, 16, 4), lens=f"{ps - 1},{ps},{ps + 1},{2 * ps + 1}", page_size=ps, seed=ps)
                 for ps in (1, 16, 64)]
+        # A table of exactly the pages needed, the last row full, pages of one or two tiles: a
+        # split's loop that ran one tile past its end would read past the table.
+        out += [case((2, 128, 1, 2, 16, 4), lens="5,128", page_size=ps, tight=True, seed=11) for ps in (64, 128)]
         # The split length +-1: 16-position tiles, 3 splits of 16 positions for the longest row.
         out += [case((7, 48, tq, 2, 16, 4), lens="48,15,16,17,31,32,33", num_splits=3, config="small",
                      page_size=ps, seed=5) for tq, ps in ((1, 0), (3, 16))]
