@@ -510,28 +510,64 @@ def test_gated_delta_decode_state_past_2_31_elements(layout, backend, budgets):
         torch.cuda.empty_cache()
 
 
-# mla_decode: the cache's positions and q's heads past 2^31 elements. A stride below 2^31 is an
-# int32 argument, so only an int64 position (position x the cache's position stride) and an int64
-# head (head x q's head stride) keep the address from wrapping: the mutation sample's survivors
-# f295df3bc8 (pos), 14efbb3700 / 8a4355fe7f (head, q_pe), in results/mutation/runs/mla-sample.
+# mla_decode: the cache's positions, sequences and pages and q's heads and tokens past 2^31
+# elements. A stride below 2^31 is an int32 argument, so only an int64 index (position, sequence,
+# page or head, token, x the matching stride) keeps the address from wrapping: the mutation
+# samples' survivors f295df3bc8 (pos), 14efbb3700 / 8a4355fe7f (head, q_pe) in
+# results/mutation/runs/mla-sample, and 9405d4650f (sequence), 0d7230c558 (token), ca2e410bce
+# (page, page mode 0), fbfd12cc31 (page, mode 1) and e8d9adbc25 (k_pe's position) in mla-sample2.
 # Storage of 2^31 elements and more, written only where the call reads (the CPU backs nothing
 # else); a few programs, so the interpreter runs it too. L 64 and R 16 keep the rest small.
+MLA_HUGE_LAYOUTS = ["position_stride", "nope_head_stride", "pe_head_stride", "sequence_stride", "token_stride",
+                    "pages_16", "pages_64"]
+
+
 @pytest.mark.op("mla_decode")
-@pytest.mark.parametrize("layout", ["position_stride", "nope_head_stride", "pe_head_stride"])
+@pytest.mark.parametrize("layout", MLA_HUGE_LAYOUTS)
 def test_mla_decode_reads_past_2_31_elements(layout, backend, budgets):
     dev, g = backend.device, torch.Generator().manual_seed(13)
     B, Tq, L, R = 1, 2, 64, 16
     H, T = (4, 520) if layout == "position_stride" else (9, 40)
+    if layout == "sequence_stride":
+        B, H = 3, 4                                    # sequence 2 starts 2^31 elements in
+    elif layout == "token_stride":
+        Tq, H = 3, 4                                   # token 2 starts 2^31 elements in
 
     def dense(*shape):
         return torch.randn(*shape, generator=g).half().to(dev)
     q_nope, q_pe, c_kv, k_pe = dense(B, Tq, H, L), dense(B, Tq, H, R), dense(B, T, L), dense(B, T, R)
-    args = dict(q_nope=q_nope, q_pe=q_pe, c_kv=c_kv, k_pe=k_pe)
+    args = dict(q_nope=q_nope, q_pe=q_pe, c_kv=c_kv, k_pe=k_pe, page_table=None, page_size=None)
     if layout == "position_stride":
         step = 2**22                                   # position 512 starts 2^31 elements in
         far = torch.empty(T * step, dtype=torch.float16, device=dev).as_strided((B, T, L), (T * step, step, 1))
         far.copy_(c_kv)
+        far_k = torch.empty(T * step, dtype=torch.float16, device=dev).as_strided((B, T, R), (T * step, step, 1))
+        far_k.copy_(k_pe)                              # k_pe's rows too (e8d9adbc25)
+        args.update(c_kv=far, k_pe=far_k)
+    elif layout == "sequence_stride":
+        step = 2**30
+        far = torch.empty(B * step, dtype=torch.float16, device=dev).as_strided((B, T, L), (step, L, 1))
+        far.copy_(c_kv)
         args["c_kv"] = far
+    elif layout == "token_stride":
+        step = 2**30
+        far = torch.empty(Tq * step, dtype=torch.float16, device=dev).as_strided((B, Tq, H, L),
+                                                                                 (Tq * step, step, L, 1))
+        far.copy_(q_nope)
+        args["q_nope"] = far
+    elif layout.startswith("pages_"):
+        # Pages of a pool past 2^31 elements: page 2^31 / (page_size L) onward (page mode 0 for
+        # 16-position pages, one index a position; mode 1 for 64, one a tile).
+        ps = int(layout.split("_")[1])
+        first, n = 2**31 // (ps * L), -(-T // ps)
+        far = torch.empty((first + n) * ps * L, dtype=torch.float16, device=dev).view(first + n, ps, L)
+        pool_k = torch.zeros(first + n, ps, R, dtype=torch.float16, device=dev)
+        for j in range(n):
+            lo, hi = j * ps, min(T, (j + 1) * ps)
+            far[first + j, :hi - lo] = c_kv[0, lo:hi]
+            pool_k[first + j, :hi - lo] = k_pe[0, lo:hi]
+        table = torch.arange(first, first + n, dtype=torch.int32, device=dev)[None]
+        args.update(c_kv=far, k_pe=pool_k, page_table=table, page_size=ps)
     else:
         name, width = ("q_nope", L) if layout == "nope_head_stride" else ("q_pe", R)
         step = 2**28                                   # head 8 starts 2^31 elements in
@@ -539,9 +575,10 @@ def test_mla_decode_reads_past_2_31_elements(layout, backend, budgets):
                                                                                 (H * step, width, step, 1))
         far.copy_(args[name])
         args[name] = far
-    lens = torch.tensor([T], dtype=torch.int32, device=dev)
+    lens = torch.full((B,), T, dtype=torch.int32, device=dev)
     scale = 192 ** -0.5
-    o, lse = kernels.mla_decode(args["q_nope"], args["q_pe"], args["c_kv"], args["k_pe"], lens, scale)
+    o, lse = kernels.mla_decode(args["q_nope"], args["q_pe"], args["c_kv"], args["k_pe"], lens, scale,
+                                args["page_table"], args["page_size"])
     same = dict(q_nope=q_nope, q_pe=q_pe, c_kv=c_kv, k_pe=k_pe, lens=lens, softmax_scale=scale, page_table=None,
                 page_size=None, num_splits=None)
     _judge_tail("mla_decode", (o, lse), same, budgets.get("mla_decode", "float16", backend.name), layout)
