@@ -50,16 +50,7 @@ def main():
         sweep_splits(args, copy, g)
         return
     for H, B, T, Tq in (ROWS[int(i)] for i in args.rows.split(",")):
-        q_nope = torch.randn(B, Tq, H, L, device="cuda", dtype=DT)
-        q_pe = torch.randn(B, Tq, H, R, device="cuda", dtype=DT)
-        c_kv = torch.randn(B, T, L, device="cuda", dtype=DT)
-        k_pe = torch.randn(B, T, R, device="cuda", dtype=DT)
-        lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
-        table = None
-        if args.paged:
-            c_kv, k_pe, table = paged(c_kv, k_pe, g, shuffle=not args.identity_pages)
-        nbytes = (c_kv.numel() + k_pe.numel() + 2 * q_nope.numel() + q_pe.numel()) * 2
-        flops = 2 * B * Tq * H * T * (2 * L + R)
+        q_nope, q_pe, c_kv, k_pe, lens, table, nbytes, flops = row_inputs(H, B, T, Tq, args, g)
         space = dict(block_h=(H * Tq,), **SMALL_H) if H * Tq <= 32 else dict(LARGE_H)
         space.update(narrow)
         if args.block_h and H * Tq > 32:
@@ -92,6 +83,22 @@ def main():
         torch.cuda.empty_cache()
 
 
+def row_inputs(H, B, T, Tq, args, g):
+    """One row's inputs (every sequence at length T; paged with --paged), its bytes (the latent
+    cache once, q and o) and FLOPs."""
+    q_nope = torch.randn(B, Tq, H, L, device="cuda", dtype=DT)
+    q_pe = torch.randn(B, Tq, H, R, device="cuda", dtype=DT)
+    c_kv = torch.randn(B, T, L, device="cuda", dtype=DT)
+    k_pe = torch.randn(B, T, R, device="cuda", dtype=DT)
+    lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
+    table = None
+    if args.paged:
+        c_kv, k_pe, table = paged(c_kv, k_pe, g, shuffle=not args.identity_pages)
+    nbytes = (c_kv.numel() + k_pe.numel() + 2 * q_nope.numel() + q_pe.numel()) * 2
+    flops = 2 * B * Tq * H * T * (2 * L + R)
+    return q_nope, q_pe, c_kv, k_pe, lens, table, nbytes, flops
+
+
 def sweep_splits(args, copy, g):
     """Each row (and batch) against every split count of --splits and the automatic one."""
     counts = [None] + [int(v) for v in args.splits.split(",")]
@@ -99,16 +106,7 @@ def sweep_splits(args, copy, g):
     if args.batches:
         rows = [(H, B, T, Tq) for H, _, T, Tq in rows for B in (int(b) for b in args.batches.split(","))]
     for H, B, T, Tq in rows:
-        q_nope = torch.randn(B, Tq, H, L, device="cuda", dtype=DT)
-        q_pe = torch.randn(B, Tq, H, R, device="cuda", dtype=DT)
-        c_kv = torch.randn(B, T, L, device="cuda", dtype=DT)
-        k_pe = torch.randn(B, T, R, device="cuda", dtype=DT)
-        lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
-        table = None
-        if args.paged:
-            c_kv, k_pe, table = paged(c_kv, k_pe, g, shuffle=not args.identity_pages)
-        nbytes = (c_kv.numel() + k_pe.numel() + 2 * q_nope.numel() + q_pe.numel()) * 2
-        flops = 2 * B * Tq * H * T * (2 * L + R)
+        q_nope, q_pe, c_kv, k_pe, lens, table, nbytes, flops = row_inputs(H, B, T, Tq, args, g)
         times = {n: [] for n in counts}
         for _ in range(args.reps):
             for n in counts:
