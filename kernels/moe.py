@@ -312,9 +312,11 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sor
     block_f = 1024
     block_j = max(1, min(256, 4096 // block_e))
     if n_chunks == 1 and capacity <= _ONE_CHUNK_CAPACITY:
+        # One program, its one-hot tile only as tall as the entries (a decode step's few): on the
+        # H200 the 128-row tile took 11.5 us of a Qwen3-MoE T 1 call (bench/NOTES.md, Session 6).
         _permute_one_chunk_kernel[(1,)](topk_ids, out_sorted, out_block_expert, out_num, out_inv, N, K, s0, s1, E,
-                                        block, capacity, n_blocks, BLOCK_N=block_n, BLOCK_E=block_e,
-                                        BLOCK_F=block_f, BLOCK_J=block_j)
+                                        block, capacity, n_blocks, BLOCK_N=max(16, triton.next_power_of_2(N)),
+                                        BLOCK_E=block_e, BLOCK_F=block_f, BLOCK_J=block_j)
         return out_sorted, out_block_expert, out_num, out_inv
     counts = allocate((max(n_chunks, 1), E), torch.int32, dev, name="counts")
     totals = allocate((E,), torch.int32, dev, name="totals", zero=True)
