@@ -561,7 +561,7 @@ def test_mla_decode_reads_past_2_31_elements(layout, backend, budgets):
         ps = int(layout.split("_")[1])
         first, n = 2**31 // (ps * L), -(-T // ps)
         far = torch.empty((first + n) * ps * L, dtype=torch.float16, device=dev).view(first + n, ps, L)
-        pool_k = torch.zeros(first + n, ps, R, dtype=torch.float16, device=dev)
+        pool_k = torch.empty(first + n, ps, R, dtype=torch.float16, device=dev)    # written where read
         for j in range(n):
             lo, hi = j * ps, min(T, (j + 1) * ps)
             far[first + j, :hi - lo] = c_kv[0, lo:hi]
