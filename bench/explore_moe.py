@@ -57,6 +57,10 @@ def profile(fn, n=5):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2
+    ap.add_argument("--decode-tiles", default=None, metavar="UPN,UPK,DNN,DNK,WARPS,STAGES;...",
+                    help="the decode part's pointer tiles to sweep (default: four built in)")
+    ap.add_argument("--loose-capacity", action="store_true",
+                    help="decode: also time the permutation's old capacity T k + E (block - 1)")
     args = ap.parse_args()
     parts = args.part.split(",")
     T = 8192
@@ -160,17 +164,26 @@ def main():
         cfgs = [base, dict(up_n=64, up_k=128, down_n=64, down_k=128, warps=4, stages=4),
                 dict(up_n=32, up_k=256, down_n=64, down_k=128, warps=4, stages=3),
                 dict(up_n=32, up_k=128, down_n=32, down_k=128, warps=4, stages=4)]
+        if args.decode_tiles:
+            keys = ("up_n", "up_k", "down_n", "down_k", "warps", "stages")
+            cfgs = [base] + [dict(zip(keys, map(int, c.split(",")))) for c in args.decode_tiles.split(";")]
+        tight = km.permute_capacity
         for name in SHAPES:
             E, k, H, I = SHAPES[name]
             for Td in (1, 16, 64):
                 x, w13, w2, ids, tw = setup(name, Td, seed=Td)
                 touched = ids.unique().numel()
                 nbytes = touched * 3 * I * H * 2 + 2 * Td * H * 2
-                for cfg in cfgs:
-                    km._DECODE_TILES.update(cfg)
-                    ms = graph_ms(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
-                    print(f"{name} decode T{Td} touched {touched} graph cfg {cfg} {ms * 1e3:.1f} us "
-                          f"{gbps(nbytes, ms):.0f} GB/s", flush=True)
+                variants = [""] + ["loose capacity"] * args.loose_capacity
+                for variant in variants:
+                    if variant == "loose capacity":
+                        km.permute_capacity = lambda n, e, b: n + e * (b - 1)
+                    for cfg in cfgs[:1] if variant else cfgs:
+                        km._DECODE_TILES.update(cfg)
+                        ms = graph_ms(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
+                        print(f"{name} decode T{Td} touched {touched} graph cfg {cfg} {variant} {ms * 1e3:.1f} us "
+                              f"{gbps(nbytes, ms):.0f} GB/s", flush=True)
+                    km.permute_capacity = tight
                 km._DECODE_TILES.update(base)
                 per = profile(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
                 print(f"{name} decode T{Td} profile: " +

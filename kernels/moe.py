@@ -274,8 +274,11 @@ _COMBINE = dict(block_t=16, block_n=128, warps=4)
 
 
 def permute_capacity(n_entries: int, num_experts: int, block: int) -> int:
-    """The length of sorted_ids: the padded length's bound T k + E (block - 1)."""
-    return n_entries + num_experts * (block - 1)
+    """The length of sorted_ids: the padded length's bound T k + min(E, T k) (block - 1). At most
+    T k experts hold entries, each padded by block - 1 slots at most: a decode step's few entries
+    get a few blocks, not E (Qwen3-MoE T 1: 8 blocks of 16 against 121, whose programs the GEMMs
+    launched only to find them empty)."""
+    return n_entries + min(num_experts, n_entries) * (block - 1)
 
 
 def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sorted: torch.Tensor | None = None,
@@ -588,13 +591,13 @@ _GATHER_MAX_N_TILES = 8
 _PARTIALS_IN_BF16 = True
 
 
-def _moe_tma(x, w13, w2, sorted_ids, block_expert, num, bm):
+def _moe_tma(x, w13, w2, sorted_ids, block_expert, num, inv, bm):
     """The two GEMMs on the TMA path: x's rows gathered into slot order (by the up kernel itself
     or by the gather kernel first), the persistent up kernel, then the down kernel. Returns the
     [slots, H] buffer of the down GEMM (fp32, or bf16 for bf16 inputs)."""
     T, H = x.shape
     E, I = w2.shape[0], w2.shape[2]
-    N = sorted_ids.numel() - E * (bm - 1)           # T k (permute_capacity)
+    N = inv.numel()                                 # T k
     rows = block_expert.shape[0] * bm
     t = _TMA_TILES if not interpreting() else dict(up_n=16, up_k=16, up_stages=1, down_n=16, down_k=16,
                                                    down_stages=1, warps=4, group_m=2)
@@ -726,7 +729,7 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
     bm = _tma_block_m(T, K, E, block_m) if _use_tma(x, w13, w2, T, K, E, block_m) else None
     sorted_ids, block_expert, num, inv = moe_permute(topk_ids, E, bm or _moe_blocks(T, K, E, H, I, block_m)[0])
     if bm is not None:
-        buf = _moe_tma(x, w13, w2, sorted_ids, block_expert, num, bm)
+        buf = _moe_tma(x, w13, w2, sorted_ids, block_expert, num, inv, bm)
     else:
         buf = _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m)
     _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe")

@@ -51,7 +51,7 @@ def moe_route(logits, top_k, scoring="softmax", bias=None, renormalize=False, ro
 def moe_permute(topk_ids, num_experts, block):
     flat = topk_ids.reshape(-1).long().cpu()
     n = flat.numel()
-    capacity = n + num_experts * (block - 1)
+    capacity = n + min(num_experts, n) * (block - 1)
     sorted_ids, block_expert = [], []
     for e in range(num_experts):
         mine = (flat == e).nonzero().reshape(-1).tolist()            # ascending entry order

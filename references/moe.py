@@ -28,7 +28,7 @@ def moe_permute(topk_ids, num_experts, block):
     order = torch.argsort(flat, stable=True)
     rank = torch.arange(n, device=flat.device) - (torch.cumsum(counts, 0) - counts)[flat[order]]
     pos = starts[flat[order]] + rank
-    capacity = n + num_experts * (block - 1)
+    capacity = n + min(num_experts, n) * (block - 1)
     sorted_ids = torch.full((capacity,), n, dtype=torch.int32, device=flat.device)
     sorted_ids[pos] = order.to(torch.int32)
     inv = torch.empty(n, dtype=torch.int32, device=flat.device)

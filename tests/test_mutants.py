@@ -933,7 +933,7 @@ def _permute(ids, E, block, *, pad_extra=False, descending_within=False, sentine
     """moe_permute in NumPy with pluggable bugs."""
     flat = ids.reshape(-1)
     n = flat.size
-    capacity = n + E * (block - 1)
+    capacity = n + min(E, n) * (block - 1)
     fill = n if sentinel is None else sentinel
     sorted_ids, blocks = [], []
     for e in range(E):
