@@ -233,6 +233,9 @@ class GatedDeltaRule(Op):
         out += [case((1, 20, 1, 2, 12, 40), seed=2), case((1, 20, 2, 2, 33, 7), seed=3, l2norm=False)]
         # Dk past 64 and 128: the state in two and four row blocks of 64 (the last one partly masked).
         out += [case((1, 70, 1, 1, 100, 8), seed=15), case((1, 70, 1, 1, 200, 8), seed=16)]
+        # Dv 48: U's workspace rows are exactly Dv wide (a multiple of 16) while the prepare kernel's
+        # value block is 64, so a column stored past Dv lands in the next head's row (another program).
+        out.append(case((1, 70, 1, 4, 16, 48), seed=17))
         out += [case((1, 70, 1, 2, 16, 16), seed=4, gate=gate) for gate in ("-1e4", "-inf", "zero", "mixed")]
         out += [case((1, 70, 1, 2, 16, 16), seed=5, beta=beta) for beta in ("zero", "one", "edges")]
         out += [case((1, 70, 1, 2, 16, 16), seed=6, l2norm=False, beta=beta, init=False) for beta in ("uniform", "one")]
