@@ -56,7 +56,7 @@ def profile(fn, n=5):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2
+    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan
     ap.add_argument("--decode-tiles", default=None, metavar="UPN,UPK,DNN,DNK,WARPS,STAGES;...",
                     help="the decode part's pointer tiles to sweep (default: four built in)")
     ap.add_argument("--loose-capacity", action="store_true",
@@ -140,6 +140,50 @@ def main():
                       flush=True)
         km._permute_chunk = base[2]
         torch.cuda.empty_cache()
+    if "combine" in parts:
+        # The combine's tiles, its slots' loop unrolled (unroll 16) or not (0), at T 8192 and at a
+        # decode step; the profiler's time of the kernel, each configuration alternated three times.
+        base = dict(km._COMBINE)
+        cfgs = [(16, 128, 4, 0), (16, 128, 4, 16), (32, 128, 4, 16), (8, 256, 4, 16), (4, 512, 4, 16),
+                (2, 1024, 4, 16), (4, 1024, 8, 16), (16, 256, 8, 16)]
+        for name, Tc in (("qwen3", T), ("mixtral", T), ("qwen3", 1)):
+            x, w13, w2, ids, tw = setup(name, Tc, seed=Tc)
+            times = defaultdict(list)
+            for _ in range(3):
+                for bt, bn, w, un in cfgs:
+                    km._COMBINE.update(block_t=bt, block_n=bn, warps=w, unroll=un)
+                    per = profile(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
+                    times[bt, bn, w, un].append(per.get("_moe_combine_kernel", 0) * 1e3)
+            for cfg in cfgs:
+                print(f"{name} T{Tc} combine {cfg[0]}x{cfg[1]} warps {cfg[2]} unroll {cfg[3]}: "
+                      f"{min(times[cfg]):.1f} us ({'/'.join(f'{t:.1f}' for t in times[cfg])})", flush=True)
+            km._COMBINE.update(base)
+            del x, w13, w2
+            torch.cuda.empty_cache()
+    if "scan" in parts:
+        # The multi-chunk permutation's scan (experts a program, elements a tile), T 8192, top 8, at
+        # E 64, 128, 256: the profiler's sum over its kernels, each configuration alternated three
+        # times. (A scatter that ranked entries pair by pair instead of by a cumulative sum was
+        # 1.5x slower at E 128, 18x at E 64: bench/NOTES.md.)
+        base = dict(km._SCAN)
+        cfgs = [(32, 2048), (8, 4096), (4, 4096), (16, 8192)]
+        for E in (64, 128, 256):
+            g = torch.Generator(device="cuda").manual_seed(E)
+            ids = torch.rand(T, E, device="cuda", generator=g).topk(8, dim=1).indices.to(torch.int32)
+            times = defaultdict(list)
+            kernel_times = {}
+            for _ in range(3):
+                for cfg in cfgs:
+                    km._SCAN.update(block_x=cfg[0], elements=cfg[1])
+                    per = profile(lambda: km.moe_permute(ids, E, 128))
+                    times[cfg].append(sum(per.values()) * 1e3)
+                    kernel_times[cfg] = per
+            for cfg in cfgs:
+                print(f"permute E{E} N{T * 8} scan {cfg[0]} experts x {cfg[1]} elements: "
+                      f"{min(times[cfg]):.1f} us ({'/'.join(f'{t:.1f}' for t in times[cfg])}); " +
+                      ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(kernel_times[cfg].items(), key=lambda kv: -kv[1])),
+                      flush=True)
+        km._SCAN.update(base)
     if "prefill" in parts:
         base_tma = dict(km._TMA_TILES)
         for name, cfgs in (("qwen3", [(128, 128, 64, 4, 128, 64, 4), (128, 128, 64, 4, 128, 64, 3), (128, 128, 64, 4, 64, 64, 4),

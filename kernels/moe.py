@@ -269,8 +269,13 @@ def _permute_chunk(block_e: int) -> int:
     return max(16, 8192 // block_e)
 
 
-# The combine's tiles (bench/explore_moe.py --part tiles2: no other tile was faster on the H200).
-_COMBINE = dict(block_t=16, block_n=128, warps=4)
+# The scan's experts a program and elements a tile: BLOCK_C = elements / block_x chunks a pass.
+# H200, T 8192, top 8 (bench/explore_moe.py --part scan): 4 experts x 4096 took the scan from
+# 4.9 / 9.2 / 9.3 us (32 x 2048: few programs, several passes) to 1.8 / 2.4 / 2.5 at E 64 / 128 / 256.
+_SCAN = dict(block_x=4, elements=4096)
+# The combine's tiles (bench/explore_moe.py --part tiles2, combine: no other tile was faster on the
+# H200) and the most slots a token whose loop is unrolled (Qwen3-MoE T 8192: 92.5 -> 73.4 us).
+_COMBINE = dict(block_t=16, block_n=128, warps=4, unroll=16)
 
 
 def permute_capacity(n_entries: int, num_experts: int, block: int) -> int:
@@ -322,11 +327,12 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sor
                                         BLOCK_E=block_e, BLOCK_F=block_f, BLOCK_J=block_j)
         return out_sorted, out_block_expert, out_num, out_inv
     counts = allocate((max(n_chunks, 1), E), torch.int32, dev, name="counts")
-    totals = allocate((E,), torch.int32, dev, name="totals", zero=True)
+    totals = allocate((E,), torch.int32, dev, name="totals", zero=not n_chunks)     # else the scan writes it
     if n_chunks:
         _count_kernel[(n_chunks,)](topk_ids, counts, N, K, s0, s1, E, BLOCK_N=block_n, BLOCK_E=block_e)
-        block_x = min(32, block_e)
-        _scan_kernel[(triton.cdiv(E, block_x),)](counts, totals, n_chunks, E, BLOCK_C=64, BLOCK_X=block_x)
+        block_x = min(_SCAN["block_x"], block_e)
+        block_c = max(16, min(triton.next_power_of_2(n_chunks), _SCAN["elements"] // block_x))
+        _scan_kernel[(triton.cdiv(E, block_x),)](counts, totals, n_chunks, E, BLOCK_C=block_c, BLOCK_X=block_x)
     grid = max(triton.cdiv(capacity, block_f), triton.cdiv(n_blocks, block_j), 1)
     _fill_kernel[(grid,)](totals, out_sorted, out_block_expert, out_num, capacity, n_blocks, N, E, block,
                           BLOCK_F=block_f, BLOCK_J=block_j, BLOCK_E=block_e)
@@ -488,26 +494,38 @@ def _moe_down_tma_kernel(h_desc, w_desc, buf_desc, H, I, block_expert_ptr, num_p
 
 
 @triton.jit
+def _combine_slot(acc, dropped, buf_ptr, inv_ptr, tw_ptr, rows, cols, row_ok, mask, s, K_SLOTS, H, st0, st1):
+    """acc += w[t, s] buf[inv[t k + s]] for the rows' slot s; dropped counts the unplaced."""
+    slot = tl.load(inv_ptr + rows * K_SLOTS + s, mask=row_ok, other=0)
+    placed = slot >= 0
+    rw = tl.load(tw_ptr + rows * st0 + s * st1, mask=row_ok, other=0.0)
+    part = tl.load(buf_ptr + slot.to(tl.int64)[:, None] * H + cols[None, :], mask=mask & placed[:, None],
+                   other=0.0).to(tl.float32)
+    return acc + part * rw[:, None], dropped + (row_ok & ~placed).to(tl.int32)
+
+
+@triton.jit
 def _moe_combine_kernel(buf_ptr, inv_ptr, tw_ptr, bad_ptr, y_ptr, T, H, K_SLOTS, st0, st1, COUNT_BAD: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+                        K_UNROLLED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
     """y[t] = sum over the slots s = 0, 1, .. of w[t, s] buf[inv[t k + s]], in fp32 in that
     order; rounded once. A token with an id outside [0, E) (moe_permute placed it nowhere:
     inv = -1) gets a NaN row, never a partial sum, and COUNT_BAD counts such tokens into
-    bad_ptr."""
+    bad_ptr. K_UNROLLED (K_SLOTS itself, or 0): the slots' loop unrolled, so that every slot's
+    loads can be in flight at once instead of one slot's index, then its row, in turn."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < T
     mask = row_ok[:, None] & (cols < H)[None, :]
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     dropped = tl.zeros([BLOCK_T], dtype=tl.int32)
-    for s in range(0, K_SLOTS):
-        slot = tl.load(inv_ptr + rows * K_SLOTS + s, mask=row_ok, other=0)
-        placed = slot >= 0
-        rw = tl.load(tw_ptr + rows * st0 + s * st1, mask=row_ok, other=0.0)
-        part = tl.load(buf_ptr + slot.to(tl.int64)[:, None] * H + cols[None, :], mask=mask & placed[:, None],
-                       other=0.0).to(tl.float32)
-        acc += part * rw[:, None]
-        dropped += (row_ok & ~placed).to(tl.int32)
+    if K_UNROLLED:
+        for s in tl.static_range(K_UNROLLED):
+            acc, dropped = _combine_slot(acc, dropped, buf_ptr, inv_ptr, tw_ptr, rows, cols, row_ok, mask, s,
+                                         K_UNROLLED, H, st0, st1)
+    else:
+        for s in range(0, K_SLOTS):
+            acc, dropped = _combine_slot(acc, dropped, buf_ptr, inv_ptr, tw_ptr, rows, cols, row_ok, mask, s,
+                                         K_SLOTS, H, st0, st1)
     acc = tl.where(dropped[:, None] > 0, float("nan"), acc)
     tl.store(y_ptr + rows[:, None] * H + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
     if COUNT_BAD:
@@ -669,7 +687,7 @@ def _combine(buf, inv, topk_weights, out, E, topk_ids, validate, launcher):
     block_n = min(c["block_n"], max(16, triton.next_power_of_2(H)))
     _moe_combine_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
         buf, inv, topk_weights, bad, out, T, H, K, *topk_weights.stride(), COUNT_BAD=count,
-        BLOCK_T=block_t, BLOCK_N=block_n, num_warps=c["warps"])
+        K_UNROLLED=K if K <= c["unroll"] else 0, BLOCK_T=block_t, BLOCK_N=block_n, num_warps=c["warps"])
     if count:
         report_errors(bad, validate, launcher, functools.partial(_bad_ids, E), functools.partial(_id_range, topk_ids))
 
