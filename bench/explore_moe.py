@@ -54,6 +54,21 @@ def profile(fn, n=5):
     return per
 
 
+def alternated(cfgs, measure, reps=3):
+    """{cfg: [measure(cfg) of each round]}, the configurations taken in turn `reps` times (the
+    profiler's time of one kernel moves by about 5 % between calls)."""
+    times = defaultdict(list)
+    for _ in range(reps):
+        for cfg in cfgs:
+            times[cfg].append(measure(cfg))
+    return times
+
+
+def best_of(ts):
+    """'min us (each round's)'."""
+    return f"{min(ts):.1f} us ({'/'.join(f'{t:.1f}' for t in ts)})"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan
@@ -148,15 +163,14 @@ def main():
                 (2, 1024, 4, 16), (4, 1024, 8, 16), (16, 256, 8, 16)]
         for name, Tc in (("qwen3", T), ("mixtral", T), ("qwen3", 1)):
             x, w13, w2, ids, tw = setup(name, Tc, seed=Tc)
-            times = defaultdict(list)
-            for _ in range(3):
-                for bt, bn, w, un in cfgs:
-                    km._COMBINE.update(block_t=bt, block_n=bn, warps=w, unroll=un)
-                    per = profile(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False))
-                    times[bt, bn, w, un].append(per.get("_moe_combine_kernel", 0) * 1e3)
+
+            def combine_us(cfg):
+                km._COMBINE.update(zip(("block_t", "block_n", "warps", "unroll"), cfg))
+                return profile(lambda: kernels.moe(x, w13, w2, ids, tw, validate=False)).get("_moe_combine_kernel", 0) * 1e3
+            times = alternated(cfgs, combine_us)
             for cfg in cfgs:
-                print(f"{name} T{Tc} combine {cfg[0]}x{cfg[1]} warps {cfg[2]} unroll {cfg[3]}: "
-                      f"{min(times[cfg]):.1f} us ({'/'.join(f'{t:.1f}' for t in times[cfg])})", flush=True)
+                print(f"{name} T{Tc} combine {cfg[0]}x{cfg[1]} warps {cfg[2]} unroll {cfg[3]}: {best_of(times[cfg])}",
+                      flush=True)
             km._COMBINE.update(base)
             del x, w13, w2
             torch.cuda.empty_cache()
@@ -170,17 +184,15 @@ def main():
         for E in (64, 128, 256):
             g = torch.Generator(device="cuda").manual_seed(E)
             ids = torch.rand(T, E, device="cuda", generator=g).topk(8, dim=1).indices.to(torch.int32)
-            times = defaultdict(list)
             kernel_times = {}
-            for _ in range(3):
-                for cfg in cfgs:
-                    km._SCAN.update(block_x=cfg[0], elements=cfg[1])
-                    per = profile(lambda: km.moe_permute(ids, E, 128))
-                    times[cfg].append(sum(per.values()) * 1e3)
-                    kernel_times[cfg] = per
+
+            def permute_us(cfg):
+                km._SCAN.update(block_x=cfg[0], elements=cfg[1])
+                kernel_times[cfg] = profile(lambda: km.moe_permute(ids, E, 128))
+                return sum(kernel_times[cfg].values()) * 1e3
+            times = alternated(cfgs, permute_us)
             for cfg in cfgs:
-                print(f"permute E{E} N{T * 8} scan {cfg[0]} experts x {cfg[1]} elements: "
-                      f"{min(times[cfg]):.1f} us ({'/'.join(f'{t:.1f}' for t in times[cfg])}); " +
+                print(f"permute E{E} N{T * 8} scan {cfg[0]} experts x {cfg[1]} elements: {best_of(times[cfg])}; " +
                       ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(kernel_times[cfg].items(), key=lambda kv: -kv[1])),
                       flush=True)
         km._SCAN.update(base)
