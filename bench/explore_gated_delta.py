@@ -67,8 +67,9 @@ def main():
                 print(f"B {B} T {T} {setting}: {ms:.3f} ms; " + ", ".join(f"{n} {t:.3f}" for n, t in per.items()),
                       flush=True)
     gd._LAUNCH.update(DEFAULTS)
-    for name, jits in (("prepare", gd._GDN_PREPARE), ("state", gd._GDN_STATE), ("output", gd._GDN_OUTPUT)):
-        for jit in jits:
+    for name, wrapped in (("prepare", gd._gdn_prepare_kernel), ("state", gd._gdn_state_kernel),
+                          ("output", gd._gdn_output_kernel)):
+        for jit in wrapped.variants():
             for caches in jit.device_caches.values():
                 for kernel in caches[0].values():
                     c = getattr(getattr(kernel, "src", None), "constants", None) or {}

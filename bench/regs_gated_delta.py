@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels.gated_delta as gd  # noqa: E402
 from bench.common import ptxas_usage as _ptxas  # noqa: E402
 
-# The aligned variant's specialisations (_jit_twice): strides and dims multiples of 16, unit
+# The aligned variant's specialisations (by_alignment): strides and dims multiples of 16, unit
 # element strides.
 ALIGNED = ("sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "Dk", "Dv", "su", "so_b", "so_t", "so_h")
 UNIT = ("sq_d", "sk_d", "sv_d")
@@ -52,7 +52,7 @@ def main():
     args = ap.parse_args()
     bk = max(16, triton.next_power_of_2(args.dk))
     base = dict(BT=64, BK=bk, EXACT=args.dtype != "fp32", PRECISION=gd.GPU_PRECISION, **{n: 1 for n in UNIT})
-    prepare, state, output = gd._GDN_PREPARE[0], gd._GDN_STATE[0], gd._GDN_OUTPUT[0]
+    prepare, state, output = gd._gdn_prepare_kernel.kernel, gd._gdn_state_kernel.kernel, gd._gdn_output_kernel.kernel
     for bkc in sorted({min(bk, c) for c in (32, 64, 128)}):
         for warps in (4, 8):
             ce = {**base, "LOG2_BT": 6, "BKC": bkc, "BV": min(64, max(16, triton.next_power_of_2(args.dv)))}

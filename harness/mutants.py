@@ -127,7 +127,7 @@ def _is_jit(fn: ast.FunctionDef) -> bool:
 def _jitted_at_module_level(tree: ast.Module) -> set:
     """Names of the module's undecorated functions that a module-level statement jits: passes to
     triton.jit(fn) or triton.jit(**options)(fn), or to a function of the module that calls
-    triton.jit itself (a factory: gated_delta's `_GDN_STATE = _jit_twice(_gdn_state_kernel)`)."""
+    triton.jit itself (a factory that jits one body several times)."""
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     factories = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)
                  and any(isinstance(c, ast.Call) and _dotted(c.func) in _JIT for s in n.body for c in ast.walk(s))}

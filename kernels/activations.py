@@ -33,6 +33,7 @@ from kernels._device import activate, kahan_add, row_offsets, times_activation_g
 from kernels._launch import (check_count, check_same_device, check_same_dtype, check_shape, check_tensor,
                              leading_layout, new_out)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
+from kernels._variants import by_alignment
 
 APPROXIMATIONS = ("none", "tanh")
 _MAX_BLOCK_N = 1024
@@ -72,6 +73,10 @@ def _bias_gelu_kernel(y_ptr, b_ptr, o_ptr, n_rows, N, n1, n2, ys0, ys1, ys2, ysn
         tl.store(o_ptr + o_off, g)
     else:
         tl.store(o_ptr + o_off, g, mask=mask)
+
+
+_bias_gelu_kernel = by_alignment(
+    _bias_gelu_kernel, lead="n1", y="y_ptr ys0 ys1 ys2 ysn N", b="b_ptr bs", o="o_ptr N")
 
 
 def _tile(n_cols: int, block_cols: int | None, approximate: str = "none"):
@@ -157,6 +162,11 @@ def _bias_gelu_backward_kernel(dout_ptr, y_ptr, b_ptr, dy_ptr, part_ptr, n_rows,
             acc, comp = kahan_add(acc, comp, tl.where(mask, d, 0.0))
     if HAS_BIAS:
         tl.store(part_ptr + tl.program_id(0).to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=col_ok)
+
+
+_bias_gelu_backward_kernel = by_alignment(
+    _bias_gelu_backward_kernel, lead="n1", dout="dout_ptr ds0 ds1 ds2 dsn N", y="y_ptr ys0 ys1 ys2 ysn N",
+    b="b_ptr bs", dy="dy_ptr N", part="part_ptr N")
 
 
 def bias_gelu_backward(dout: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = None,

@@ -28,6 +28,7 @@ from kernels._launch import (allocate, bad_pages, check_finite, check_same_devic
                              check_tensor, check_validate, error_word, interpreting, merge_splits, new_out,
                              paged_detail,
                              paged_host_word, paged_problems, report_errors)
+from kernels._variants import by_alignment
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -156,6 +157,11 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, Tq
         tl.store(lse_base + offs_m.to(tl.int64) * sl_t, lse, mask=m_ok)
 
 
+_attn_fwd_kernel = by_alignment(
+    _attn_fwd_kernel, q="q_ptr sq_b sq_t sq_h sq_d D", k="k_ptr sk_b sk_t sk_h sk_d D",
+    v="v_ptr sv_b sv_t sv_h sv_d D", o="o_ptr so_b so_t so_h D", lse="lse_ptr sl_t")
+
+
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, err_ptr, GROUP, D, chunk, block_size,
                    capacity, num_blocks, sq_b, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, st_b, st_p,
@@ -238,6 +244,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, e
         tl.store(ml_ptr + sl_p + b * sl_b + h * sl_h + split, l_i, mask=g_ok)
 
 
+_decode_kernel = by_alignment(
+    _decode_kernel, q="q_ptr sq_b sq_h sq_d D", k="k_ptr sk_b sk_t sk_h sk_d D", v="v_ptr sv_b sv_t sv_h sv_d D",
+    table="table_ptr st_p", o="o_ptr so_b so_h so_s D")
+
+
 @triton.jit
 def _decode_combine_kernel(part_o_ptr, part_ml_ptr, o_ptr, Hq, D, num_splits,
                            sp_b, sp_h, sp_s, sl_p, sl_b, sl_h, so_b, so_h, qk_scale,
@@ -254,9 +265,14 @@ def _decode_combine_kernel(part_o_ptr, part_ml_ptr, o_ptr, Hq, D, num_splits,
     tl.store(o_ptr + b * so_b + h * so_h + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
+_decode_combine_kernel = by_alignment(
+    _decode_combine_kernel, part_o="part_o_ptr sp_b sp_h sp_s D", o="o_ptr so_b so_h D")
+
+
 # ---------------------------------------------------------------------------------------------
 # Launchers
 # ---------------------------------------------------------------------------------------------
+
 
 def _check_heads(name_q, hq, name_k, hkv):
     if hkv < 1 or hq % hkv:
@@ -497,6 +513,10 @@ def _attn_bwd_delta_kernel(o_ptr, do_ptr, delta_ptr, cu_q_ptr, Tq, D, so_b, so_t
     tl.store(delta_base + rows.to(tl.int64), delta, mask=rows < seq_q)
 
 
+_attn_bwd_delta_kernel = by_alignment(
+    _attn_bwd_delta_kernel, o="o_ptr so_b so_t so_h so_d D", do="do_ptr sdo_b sdo_t sdo_h sdo_d D")
+
+
 @triton.jit
 def _row_stats(lse_ptr, delta_ptr, rows, row_ok, sl_t, ROW_MASK: tl.constexpr):
     """lse * log2(e) (+inf where a row sees nothing, and past the rows: P = 0 there) and delta of
@@ -630,6 +650,12 @@ def _attn_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr,
              mask=store_ok)
 
 
+_attn_bwd_kv_kernel = by_alignment(
+    _attn_bwd_kv_kernel, q="q_ptr sq_b sq_t sq_h sq_d D", k="k_ptr sk_b sk_t sk_h sk_d D",
+    v="v_ptr sv_b sv_t sv_h sv_d D", do="do_ptr sdo_b sdo_t sdo_h sdo_d D", lse="lse_ptr sl_t",
+    dk="dk_ptr sdk_b sdk_t sdk_h D", dv="dv_ptr sdv_b sdv_t sdv_h D")
+
+
 @triton.jit
 def _bwd_q_step(dq, q, do, lse2, delta, k_ptrs, v_ptrs, key_ok, visible, d_ok, qk_scale,
                 MASK: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
@@ -720,6 +746,12 @@ def _attn_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
     # Rows that see no key (hi = 0) store zeros.
     tl.store(dq_base + r64 * sdq_t + offs_d[None, :], (dq * scale).to(dq_ptr.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
+
+
+_attn_bwd_q_kernel = by_alignment(
+    _attn_bwd_q_kernel, q="q_ptr sq_b sq_t sq_h sq_d D", k="k_ptr sk_b sk_t sk_h sk_d D",
+    v="v_ptr sv_b sv_t sv_h sv_d D", do="do_ptr sdo_b sdo_t sdo_h sdo_d D", lse="lse_ptr sl_t",
+    dq="dq_ptr sdq_b sdq_t sdq_h D")
 
 
 def _bwd_blocks(seq_q, seq_k, d, elem_size, block_m, block_n):

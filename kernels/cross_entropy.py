@@ -42,6 +42,7 @@ from kernels._device import gemm_tile, kahan_add, rounded_for
 from kernels._launch import (allocate, check_finite, check_out, check_same_device, check_same_dtype, check_tensor,
                              check_validate, error_word, interpreting, new_out, report_errors)
 from kernels.gemm import _config as gemm_tiles, _precision
+from kernels._variants import by_alignment
 
 LABEL_DTYPES = (torch.int32, torch.int64)
 REDUCTIONS = ("mean", "sum")
@@ -135,6 +136,10 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, acc_ptr, scale_ptr, M, N, K, k_per_split,
     tl.store(c_ptr + split.to(tl.int64) * scs + at, rounded_for(acc, c_ptr), mask=mask)
 
 
+_gemm_kernel = by_alignment(
+    _gemm_kernel, a="a_ptr sam sak", b="b_ptr sbn sbk", c="c_ptr scm scs N", acc="acc_ptr scm N")
+
+
 @triton.jit
 def _capped(z, cap):
     """(cap tanh(z / cap), 1 - tanh^2(z / cap)) in fp32. tanh from exp, an odd polynomial below
@@ -209,6 +214,10 @@ def _ce_rows_kernel(z_ptr, g_ptr, labels_ptr, loss_ptr, V, z_stride, g_stride, l
             z_sum += tl.where(ok, z, 0.0)
         loss = lse - on_label * tl.sum(z_y, axis=0) - spread * tl.sum(z_sum, axis=0)
         tl.store(loss_ptr + row, tl.where(bad, float("nan"), loss))
+
+
+_ce_rows_kernel = by_alignment(
+    _ce_rows_kernel, z="z_ptr z_stride V", g="g_ptr g_stride V", labels="labels_ptr label_stride")
 
 
 @triton.jit

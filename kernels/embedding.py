@@ -37,6 +37,7 @@ import triton.language as tl
 from kernels._device import kahan_add, row_offsets
 from kernels._launch import (allocate, check_count, check_same_device, check_tensor, check_validate, error_word,
                              leading_layout, new_out, report_errors)
+from kernels._variants import by_alignment
 
 INT_DTYPES = (torch.int32, torch.int64)
 _MAX_BLOCK_H = 1024
@@ -61,6 +62,10 @@ def _embedding_kernel(ids_ptr, table_ptr, out_ptr, bad_ptr, n_tokens, V, H, ids_
     rows = tl.load(src, mask=(tok_ok & id_ok)[:, None] & col_ok[None, :], other=float("nan"))
     dst = out_ptr + (tokens * H)[:, None] + cols[None, :]
     tl.store(dst, rows, mask=tok_ok[:, None] & col_ok[None, :])
+
+
+_embedding_kernel = by_alignment(
+    _embedding_kernel, ids="ids_ptr ids_stride", table="table_ptr tv th H", out="out_ptr H")
 
 
 def _tile(H: int, block_cols: int | None):
@@ -174,6 +179,10 @@ def _embedding_backward_kernel(sorted_ptr, order_ptr, dout_ptr, dtable_ptr, bad_
         comp = tl.where(active[:, None], new_comp, comp)
     dst = dtable_ptr + (v * H)[:, None] + cols[None, :]
     tl.store(dst, acc.to(dtable_ptr.dtype.element_ty), mask=v_ok[:, None] & col_ok[None, :])
+
+
+_embedding_backward_kernel = by_alignment(
+    _embedding_backward_kernel, lead="n1", dout="dout_ptr ds0 ds1 ds2 dsh H", dtable="dtable_ptr H")
 
 
 def embedding_backward(dout: torch.Tensor, ids: torch.Tensor, num_embeddings: int, *,

@@ -39,6 +39,7 @@ from kernels._launch import _fmt_dtype, allocate, check_same_device, check_same_
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.gemm import _check_bias, _fit_strides, _programs, _SHARED_BYTES, _tma_aligned
+from kernels._variants import by_alignment
 
 # torch dtype -> (name, largest finite value, mantissa bits, exponent bias, fp32 bit pattern of
 # the largest value)
@@ -93,6 +94,9 @@ def _amax_kernel(x_ptr, amax_ptr, M, D, sxm, sxd, BLOCK_M: tl.constexpr, BLOCK_D
     tl.atomic_max(amax_ptr, tl.max(amax, axis=0))
 
 
+_amax_kernel = by_alignment(_amax_kernel, x="x_ptr sxm sxd D")
+
+
 @triton.jit
 def _store_codes(q_ptr, rows, cols, mask, D, x, scale, MBITS: tl.constexpr, BIAS: tl.constexpr,
                  MAX_BITS: tl.constexpr):
@@ -138,6 +142,9 @@ def _quantize_kernel(x_ptr, q_ptr, scale_ptr, amax_ptr, M, D, sxm, sxd, s_scale,
             _store_codes(q_ptr, rows, d0 + cols, mask, D, x, scale, MBITS, BIAS, MAX_BITS)
 
 
+_quantize_kernel = by_alignment(_quantize_kernel, x="x_ptr sxm sxd D", q="q_ptr D", scale="scale_ptr s_scale")
+
+
 @triton.jit
 def _fp8_matmul_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, y_ptr, M, N, K,
                        sam, sak, sbn, sbk, ssa, ssb, sbias, sym,
@@ -167,6 +174,11 @@ def _fp8_matmul_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, y_ptr, M, N, K,
         acc += tl.load(bias_ptr + rn * sbias).to(tl.float32)[None, :]
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_fp8_matmul_kernel = by_alignment(
+    _fp8_matmul_kernel, a="a_ptr sam sak K", b="b_ptr sbn sbk K", sa="sa_ptr ssa", sb="sb_ptr ssb",
+    bias="bias_ptr sbias", y="y_ptr sym N")
 
 
 @triton.jit

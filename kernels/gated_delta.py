@@ -34,14 +34,13 @@ to NaN. q enters each output row alone: a NaN there reaches its own output only.
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_shape, check_tensor,
                              interpreting, new_out)
+from kernels._variants import by_alignment
 
 MAX_HEAD_DIM_K = 256        # the state slice [Dk, BV] lives in registers
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -184,39 +183,17 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PRECISION: t
     return Tm
 
 
-# Compiled variants. A GPU compile of the chunk kernels takes seconds (tf32x3 dot chains), and
-# every distinct specialisation (a stride of 1 or a multiple of 16, a 16-byte aligned pointer) is
-# one more, so each is jitted twice (_jit_twice): an aligned variant, taken when q, k, v and o
-# are 16-byte aligned with unit element strides, token / head strides and head dims that are
-# multiples of 16, specialised on those alone (vectorised loads and stores: without them T 4096
-# takes 2-3x as long, bench/NOTES.md); and a generic one, specialised on nothing. Lengths, head
-# counts and the flags (varlen, L2 norm, initial and final state) are runtime values in both;
-# the workspaces (aligned, their row strides multiples of 16 whatever the dims) are specialised
-# in both, which costs no variant.
-_QKV_SPECIALISED = ("q_ptr", "k_ptr", "v_ptr", "sq_t", "sq_h", "sq_d", "sk_t", "sk_h", "sk_d", "sv_t", "sv_h", "sv_d",
-                    "Dk", "Dv", "o_ptr", "so_b", "so_t", "so_h")
-_WORKSPACES = ("w_ptr", "u_ptr", "aqk_ptr", "eg_ptr", "qf_ptr", "kf_ptr", "hc_ptr", "su")
+# Compiled variants. A GPU compile of the chunk kernels takes seconds (tf32x3 dot chains), so each
+# is compiled per alignment of q, k, v and o (by_alignment, kernels/_variants.py): specialised on
+# their 16-byte aligned pointers, unit element strides, token / head strides and head dims that
+# are multiples of 16 (vectorised loads and stores: without them T 4096 takes 2-3x as long,
+# bench/NOTES.md) when all of these are, on none of them otherwise. Lengths, head counts, the
+# other strides and the flags (varlen, L2 norm, initial and final state) are runtime values in
+# every variant; the workspaces (aligned, their row strides multiples of 16 whatever the dims)
+# are specialised in every variant, which costs none.
 
 
-def _jit_twice(fn):
-    """(aligned, generic) JIT functions of one kernel body (the comment above)."""
-    params = inspect.signature(fn).parameters
-    runtime = [n for n, p in params.items() if p.annotation is inspect.Parameter.empty]
-    ints = [n for n in runtime if not n.endswith("_ptr")]
-    ptrs = [n for n in runtime if n.endswith("_ptr")]
-
-    def jit(specialised):
-        return triton.jit(do_not_specialize=[n for n in ints if n not in specialised],
-                          do_not_specialize_on_alignment=[n for n in ptrs if n not in specialised])(fn)
-    return jit(_QKV_SPECIALISED + _WORKSPACES), jit(_WORKSPACES)
-
-
-def _qkv_aligned(q, k, v, o) -> bool:
-    """Whether a call takes the aligned variant of the chunk kernels (q, k, v and o [B, T, H, D])."""
-    return all(t.data_ptr() % 16 == 0 and t.stride(3) == 1 and t.stride(1) % 16 == 0 and t.stride(2) % 16 == 0
-               and t.shape[3] % 16 == 0 for t in (q, k, v, o)) and o.stride(0) % 16 == 0
-
-
+@triton.jit
 def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, kf_ptr,
                         T, Hv, GROUP, Dk, Dv, su, scale,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
@@ -341,6 +318,7 @@ def _advance_rows(S, k_base, pos, sk_t, sk_d, k0, offs_kb, t_ok, Dk, e_chunk, vk
     return tl.where(poison, float("nan"), S)
 
 
+@triton.jit
 def _gdn_state_kernel(k_ptr, v_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, h0_ptr, hc_ptr, ht_ptr, cu_ptr, co_ptr,
                       T, Hv, GROUP, Dk, Dv, su, chunks,
                       sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
@@ -432,6 +410,7 @@ def _gdn_state_kernel(k_ptr, v_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, h0_ptr, hc_ptr
             _store_state_rows(ht_base, sf_k, 1, 3 * KB, offs_kb, offs_v, Dk, v_ok, S3)
 
 
+@triton.jit
 def _gdn_output_kernel(q_ptr, v_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, hc_ptr, o_ptr, cu_ptr, co_ptr,
                        T, Hv, GROUP, Dk, Dv, su, chunks,
                        sq_b, sq_t, sq_h, sq_d, sv_b, sv_t, sv_h, sv_d, so_b, so_t, so_h, varlen,
@@ -474,9 +453,12 @@ def _gdn_output_kernel(q_ptr, v_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, hc_ptr, o_p
                  mask=tv_mask)
 
 
-_GDN_PREPARE = _jit_twice(_gdn_prepare_kernel)
-_GDN_STATE = _jit_twice(_gdn_state_kernel)
-_GDN_OUTPUT = _jit_twice(_gdn_output_kernel)
+_gdn_prepare_kernel = by_alignment(
+    _gdn_prepare_kernel, qkv="q_ptr k_ptr v_ptr sq_t sq_h sq_d sk_t sk_h sk_d sv_t sv_h sv_d Dk Dv", workspaces="su")
+_gdn_state_kernel = by_alignment(_gdn_state_kernel, kv="k_ptr v_ptr sk_t sk_h sk_d sv_t sv_h sv_d Dk Dv",
+                                 workspaces="su")
+_gdn_output_kernel = by_alignment(
+    _gdn_output_kernel, qvo="q_ptr v_ptr sq_t sq_h sq_d sv_t sv_h sv_d Dk Dv o_ptr so_b so_t so_h", workspaces="su")
 
 
 # The decode step specialises on the state tile (its strides, address and dims: its traffic).
@@ -657,7 +639,6 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     exact = v.dtype != torch.float32       # 16-bit inputs: TF32 holds them exactly (_dot)
     varlen = cu_seqlens is not None
     chunks = triton.cdiv(longest, chunk_size)
-    variant = 0 if _qkv_aligned(q, k, v, o) else 1     # aligned or generic (_jit_twice)
     rows = B * T
     su = triton.cdiv(Dv, 16) * 16          # U's row stride (W's is BK): a multiple of 16 whatever Dv
     w = allocate((rows, Hv, bk), torch.float32, v.device, name="w")
@@ -684,20 +665,20 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     ht = final if final is not None else e_g
     sf = final.stride()[:3] if final is not None else contiguous_state[:3]
     if chunks:
-        _GDN_PREPARE[variant][(chunks, N * Hv)](
+        _gdn_prepare_kernel[(chunks, N * Hv)](
             q, k, v, g, beta, cu, w, u, aqk, e_g, q_f, k_f, T, Hv, Hv // Hk, Dk, Dv, su, scale,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), int(varlen), int(use_qk_l2norm),
             BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, _LAUNCH["prepare_bkc"]),
             BV=min(64, max(16, triton.next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
             num_warps=_prepare_warps(bk))
-    _GDN_STATE[variant][(N * Hv, triton.cdiv(Dv, bv))](
+    _gdn_state_kernel[(N * Hv, triton.cdiv(Dv, bv))](
         k, v, w, u, e_g, k_f, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
         *k.stride(), *v.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
         BT=chunk_size, BK=bk, BV=bv, EXACT=exact, PRECISION=precision,
         num_warps=_state_warps(bk, bv), num_stages=_LAUNCH["state_stages"])
     if chunks:
         bvo = min(64 if Dk <= 128 else 32, max(16, triton.next_power_of_2(Dv)))
-        _GDN_OUTPUT[variant][(chunks, N * Hv, triton.cdiv(Dv, bvo))](
+        _gdn_output_kernel[(chunks, N * Hv, triton.cdiv(Dv, bvo))](
             q, v, u, aqk, e_g, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
             *q.stride(), *v.stride(), *o.stride()[:3], int(varlen),
             BT=chunk_size, BK=bk, BV=bvo, EXACT=exact, PRECISION=precision,

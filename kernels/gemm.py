@@ -39,10 +39,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels._device import activate, gemm_tile, grouped_tile, times_activation_grad
 from kernels._launch import allocate, check_same_device, check_same_dtype, check_tensor, interpreting, new_out
 from kernels._reduce import partials, sum_row_groups
+from kernels._variants import by_alignment
 
 ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "relu")
 GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
-
 
 
 @triton.jit
@@ -88,6 +88,11 @@ def _gemm_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, M, N, K,
         y = y * acc2
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_gemm_kernel = by_alignment(
+    _gemm_kernel, a="a_ptr sam sak K", w="w_ptr swn swk K", w2="w2_ptr sw2n sw2k K", b="b_ptr sb", b2="b2_ptr sb2",
+    y="y_ptr sym N")
 
 
 @triton.jit
@@ -518,6 +523,11 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dz_
         tl.store(part + N, tl.sum(dz_up, axis=0), mask=offs_n < N)
 
 
+_swiglu_dz_kernel = by_alignment(
+    _swiglu_dz_kernel, x="x_ptr sxm sxk K", wg="wg_ptr sgn sgk K", wu="wu_ptr sun suk K", bg="bg_ptr sbg",
+    bu="bu_ptr sbu", dy="dy_ptr sdym sdyn N", dz="dz_ptr N", dz_lo="dz_lo_ptr N", part="part_ptr N")
+
+
 @triton.jit
 def _gemm_sum_kernel(a_ptr, a_lo_ptr, b_ptr, a2_ptr, a2_lo_ptr, b2_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn,
                      sa2m, sa2k, sb2k, sb2n, scm,
@@ -555,6 +565,11 @@ def _gemm_sum_kernel(a_ptr, a_lo_ptr, b_ptr, a2_ptr, a2_lo_ptr, b2_ptr, c_ptr, M
             b2_ptrs += BLOCK_K * sb2k
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     tl.store(c_ptr + offs_m.to(tl.int64)[:, None] * scm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+_gemm_sum_kernel = by_alignment(
+    _gemm_sum_kernel, a="a_ptr sam sak", a_lo="a_lo_ptr sam sak", b="b_ptr sbk sbn", a2="a2_ptr sa2m sa2k",
+    a2_lo="a2_lo_ptr sa2m sa2k", b2="b2_ptr sb2k sb2n", c="c_ptr scm N")
 
 
 def _fit_inner(t, dim, bk):

@@ -24,6 +24,7 @@ import triton.language as tl
 from kernels._launch import (allocate, bad_pages, check_finite, check_same_device, check_same_dtype, check_tensor,
                              check_validate, error_word, interpreting, merge_splits, new_out, paged_detail,
                              paged_host_word, paged_problems, report_errors)
+from kernels._variants import by_alignment
 
 _LOG2E = 1.4426950408889634
 MAX_TQ = 4
@@ -166,6 +167,12 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
         tl.store(stat_ptr + ss_p + b * ss_b + rows * ss_r + split, l_i, mask=row_ok)
 
 
+_mla_decode_kernel = by_alignment(
+    _mla_decode_kernel, qn="qn_ptr sqn_b sqn_t sqn_h sqn_d L", qp="qp_ptr sqp_b sqp_t sqp_h sqp_d R",
+    ckv="ckv_ptr sc_p sc_s sc_d L", kpe="kpe_ptr sk_p sk_s sk_d R", table="table_ptr st_p",
+    o="o_ptr so_b so_r so_s L")
+
+
 @triton.jit
 def _mla_combine_kernel(part_ptr, stat_ptr, o_ptr, lse_ptr, L, num_splits, sp_b, sp_r, sp_s, ss_p, ss_b, ss_r,
                         so_b, so_r, sl_b, qk_scale, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr):
@@ -184,9 +191,13 @@ def _mla_combine_kernel(part_ptr, stat_ptr, o_ptr, lse_ptr, L, num_splits, sp_b,
     tl.store(lse_ptr + b * sl_b + r, lse)
 
 
+_mla_combine_kernel = by_alignment(_mla_combine_kernel, part="part_ptr sp_b sp_r sp_s L", o="o_ptr so_b so_r L")
+
+
 # ---------------------------------------------------------------------------------------------
 # Launcher
 # ---------------------------------------------------------------------------------------------
+
 
 def _power_of_two(name, v, low=16):
     if v is None:

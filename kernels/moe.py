@@ -26,6 +26,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels._device import grouped_tile
 from kernels._launch import (FLOAT_DTYPES, allocate, check_finite, check_same_device, check_same_dtype, check_tensor,
                             check_validate, error_word, interpreting, new_out, report_errors)
+from kernels._variants import by_alignment
 
 MAX_EXPERTS = 1024
 SCORINGS = ("softmax", "sigmoid")
@@ -165,6 +166,9 @@ def _count_kernel(ids_ptr, counts_ptr, N, K, s0, s1, E, BLOCK_N: tl.constexpr, B
     tl.store(counts_ptr + c.to(tl.int64) * E + experts, tl.sum(onehot.to(tl.int32), axis=0), mask=experts < E)
 
 
+_count_kernel = by_alignment(_count_kernel, ids="ids_ptr s1")
+
+
 @triton.jit
 def _scan_kernel(counts_ptr, totals_ptr, n_chunks, E, BLOCK_C: tl.constexpr, BLOCK_X: tl.constexpr):
     """For a block of experts: each chunk's count becomes the exclusive sum of the earlier chunks'
@@ -240,6 +244,9 @@ def _permute_one_chunk_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_ptr, in
     tl.store(inv_ptr + j, tl.where(placed, pos, -1), mask=valid)
 
 
+_permute_one_chunk_kernel = by_alignment(_permute_one_chunk_kernel, ids="ids_ptr s1")
+
+
 @triton.jit
 def _scatter_kernel(ids_ptr, counts_ptr, totals_ptr, sorted_ptr, inv_ptr, N, K, s0, s1, E, block,
                     BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
@@ -254,6 +261,9 @@ def _scatter_kernel(ids_ptr, counts_ptr, totals_ptr, sorted_ptr, inv_ptr, N, K, 
     pos = tl.sum(base[None, :] * hot, axis=1) + rank
     tl.store(sorted_ptr + pos, j.to(tl.int32), mask=placed)
     tl.store(inv_ptr + j, tl.where(placed, pos, -1), mask=valid)
+
+
+_scatter_kernel = by_alignment(_scatter_kernel, ids="ids_ptr s1")
 
 
 def _permute_chunk(block_e: int) -> int:
@@ -391,6 +401,9 @@ def _moe_up_kernel(x_ptr, w13_ptr, h_ptr, sorted_ptr, block_expert_ptr, N_ENTRIE
                  mask=live[:, None] & col_ok[None, :])
 
 
+_moe_up_kernel = by_alignment(_moe_up_kernel, x="x_ptr sx0 sx1 H", w13="w13_ptr sw0 sw1 sw2 H", h="h_ptr I")
+
+
 @triton.jit
 def _moe_down_kernel(h_ptr, w2_ptr, buf_ptr, sorted_ptr, block_expert_ptr, N_ENTRIES, H, I, sw0, sw1, sw2, n_tiles,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
@@ -414,6 +427,9 @@ def _moe_down_kernel(h_ptr, w2_ptr, buf_ptr, sorted_ptr, block_expert_ptr, N_ENT
             w = _weight_tile(w2_ptr, e, cols, kk, sw0, sw1, sw2, col_ok[:, None] & k_ok[None, :])
             acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
         tl.store(buf_ptr + slots[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
+
+
+_moe_down_kernel = by_alignment(_moe_down_kernel, h="h_ptr I", w2="w2_ptr sw0 sw1 sw2 I", buf="buf_ptr H")
 
 
 @triton.jit
@@ -537,6 +553,9 @@ def _moe_combine_kernel(buf_ptr, inv_ptr, tw_ptr, bad_ptr, y_ptr, T, H, K_SLOTS,
 # with merged weights (128 x 128 per weight, 4 stages), the down GEMM 128 x 128 (its fp32 TMA
 # store needs the shared memory of a 256-wide tile); 64-row blocks where experts average fewer
 # than 128 entries.
+
+
+_moe_combine_kernel = by_alignment(_moe_combine_kernel, buf="buf_ptr H", tw="tw_ptr st1", y="y_ptr H")
 _TMA_TILES = dict(up_n=128, up_k=64, up_stages=4, down_n=128, down_k=64, down_stages=4, warps=8, group_m=8)
 # Tiles of the pointer kernels on a GPU, explored on the H200 in CUDA graphs (bench/explore_moe.py):
 # 16-bit decode-sized calls stream the weights in narrow, deep tiles (Mixtral T 1: 199 us against
@@ -894,6 +913,10 @@ def _moe_mxfp4_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_pt
                  mask=live[:, None] & col_ok[None, :])
 
 
+_moe_mxfp4_up_kernel = by_alignment(
+    _moe_mxfp4_up_kernel, x="x_ptr sx0 sx1 H", q="q_ptr sq0 sq1 sq2", s="s_ptr ss2", h="h_ptr I")
+
+
 @triton.jit
 def _moe_mxfp4_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, sorted_ptr, block_expert_ptr, N_ENTRIES, H, I,
                            sq0, sq1, sq2, ss0, ss1, ss2, n_tiles,
@@ -925,6 +948,10 @@ def _moe_mxfp4_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, sorted_ptr, block_exper
 
 # GPU tiles of moe_mxfp4's kernels (bench/explore_moe.py --part mxfp4; H200: the even / odd
 # column split of a decoded tile, tried against tl.interleave, ran 1.2-5x slower).
+
+
+_moe_mxfp4_down_kernel = by_alignment(
+    _moe_mxfp4_down_kernel, h="h_ptr I", q="q_ptr sq0 sq1 sq2", s="s_ptr ss2", buf="buf_ptr H")
 _MXFP4_TILES = dict(up_n=64, down_n=128, k=128, warps=4, stages=3, scaled=True)
 
 

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import check_same_device, check_tensor, new_out
+from kernels._variants import by_alignment
 
 BLOCK = 32
 DEQUANT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -153,6 +154,9 @@ def _quantize_mxfp4_kernel(x_ptr, q_ptr, s_ptr, M, K, sxm, sxk, IS_BF16: tl.cons
              mask=row_ok[:, None] & (scols < K // 32)[None, :])
 
 
+_quantize_mxfp4_kernel = by_alignment(_quantize_mxfp4_kernel, x="x_ptr sxm sxk K")
+
+
 @triton.jit
 def _dequantize_mxfp4_kernel(q_ptr, s_ptr, y_ptr, M, K, sqm, sqk, ssm, ssk, OUT_BF16: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -175,6 +179,10 @@ def _dequantize_mxfp4_kernel(q_ptr, s_ptr, y_ptr, M, K, sqm, sqk, ssm, ssk, OUT_
 # ---------------------------------------------------------------------------------------------
 # Launchers
 # ---------------------------------------------------------------------------------------------
+
+
+_dequantize_mxfp4_kernel = by_alignment(_dequantize_mxfp4_kernel, q="q_ptr sqm sqk", s="s_ptr ssk", y="y_ptr K")
+
 
 def _check_block(name, value, minimum):
     if value is None:

@@ -20,6 +20,7 @@ from kernels._device import kahan_add, load_tile, row_offsets
 from kernels._launch import (allocate, check_count, check_finite, check_same_device, check_same_dtype,
                              check_shape, check_tensor, leading_layout, new_out, row_tile)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
+from kernels._variants import by_alignment
 
 
 @triton.jit
@@ -49,6 +50,9 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, n_rows, D, n1, n2, xs0, xs1, xs2, xsd, 
             w = tl.load(w_ptr + c * ws, mask=c < D, other=0.0).to(tl.float32)
             y = x * rstd[:, None] * w[None, :]
             tl.store(y_ptr + y_row + c[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_rmsnorm_kernel = by_alignment(_rmsnorm_kernel, lead="n1", x="x_ptr xs0 xs1 xs2 xsd D", w="w_ptr ws", y="y_ptr D")
 
 
 @triton.jit
@@ -101,6 +105,10 @@ def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, D, n1, n2, xs0, xs1, x
             tl.store(y_ptr + y_row + c[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+_layernorm_kernel = by_alignment(
+    _layernorm_kernel, lead="n1", x="x_ptr xs0 xs1 xs2 xsd D", w="w_ptr ws", b="b_ptr bs", y="y_ptr D")
+
+
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, u_ptr, n_rows, D, n1, n2,
                         xs0, xs1, xs2, xsd, rs0, rs1, rs2, rsd, ws, eps,
@@ -142,6 +150,11 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, u_ptr, n_rows, D, n1, n2,
             w = tl.load(w_ptr + c * ws, mask=c < D, other=0.0).to(tl.float32)
             y = u * rstd[:, None] * w[None, :]
             tl.store(y_ptr + y_row + c[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_add_rmsnorm_kernel = by_alignment(
+    _add_rmsnorm_kernel, lead="n1", x="x_ptr xs0 xs1 xs2 xsd D", r="r_ptr rs0 rs1 rs2 rsd D", w="w_ptr ws",
+    y="y_ptr D", u="u_ptr D")
 
 
 def _check_rows(x, w, eps, name_w="w"):
@@ -361,6 +374,12 @@ def _rmsnorm_backward_kernel(x_ptr, r_ptr, w_ptr, dy_ptr, du_ptr, dx_ptr, dr_ptr
             tl.store(part_row + c, dw, mask=c < D)
 
 
+_rmsnorm_backward_kernel = by_alignment(
+    _rmsnorm_backward_kernel, lead="n1", x="x_ptr xs0 xs1 xs2 xsd D", r="r_ptr rs0 rs1 rs2 rsd D",
+    dy="dy_ptr ys0 ys1 ys2 ysd D", du="du_ptr us0 us1 us2 usd D", w="w_ptr ws", dx="dx_ptr D", dr="dr_ptr D",
+    dw="dw_part_ptr D")
+
+
 @triton.jit
 def _layernorm_backward_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, db_part_ptr, stats_ptr,
                                n_rows, D, n1, n2, xs0, xs1, xs2, xsd, ys0, ys1, ys2, ysd, ws, eps,
@@ -479,6 +498,11 @@ def _layernorm_backward_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, db_par
                 tl.store(dw_row + c, dw, mask=c < D)
             if HAS_B:
                 tl.store(db_row + c, db, mask=c < D)
+
+
+_layernorm_backward_kernel = by_alignment(
+    _layernorm_backward_kernel, lead="n1", x="x_ptr xs0 xs1 xs2 xsd D", dy="dy_ptr ys0 ys1 ys2 ysd D",
+    w="w_ptr ws", dx="dx_ptr D", dw="dw_part_ptr D", db="db_part_ptr D")
 
 
 def _backward_plan(n_rows: int, D: int, block_cols, block_rows, row_groups):

@@ -29,6 +29,7 @@ from kernels._device import kahan_add
 from kernels._launch import (check_finite, check_same_device, check_same_dtype, check_shape,
                              check_tensor, new_out)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
+from kernels._variants import by_alignment
 
 _STYLES = ("neox", "gptj")
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -116,6 +117,10 @@ def _rope_kernel(x_ptr, pos_ptr, inv_freq_ptr, w_ptr, y_ptr, T, H, D, half,
     tl.store(y_ptr + y_base + ib[None, :], yb.to(out_ty), mask=mask)
     if HAS_PASS:
         tl.store(y_ptr + y_base + ip[None, :], xp.to(out_ty), mask=p_mask)
+
+
+_rope_kernel = by_alignment(
+    _rope_kernel, x="x_ptr xs_b xs_t xs_h xs_d D half", pos="pos_ptr ps_t", w="w_ptr ws", y="y_ptr D half")
 
 
 @functools.lru_cache(maxsize=64)
@@ -301,6 +306,11 @@ def _rmsnorm_rope_backward_kernel(dy_ptr, x_ptr, pos_ptr, inv_freq_ptr, w_ptr, d
     tl.store(part + ib, tl.sum(acc_b, axis=0), mask=i_ok)
     if HAS_PASS:
         tl.store(part + ip, tl.sum(acc_p, axis=0), mask=ip < D)
+
+
+_rmsnorm_rope_backward_kernel = by_alignment(
+    _rmsnorm_rope_backward_kernel, dy="dy_ptr ds_b ds_t ds_h ds_d D half", x="x_ptr xs_b xs_t xs_h xs_d D half",
+    pos="pos_ptr ps_t", w="w_ptr ws", dx="dx_ptr D half", part="part_ptr D")
 
 
 def rmsnorm_rope_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, positions: torch.Tensor,

@@ -26,6 +26,7 @@ import triton.language as tl
 from kernels._device import kahan_add, load_tile, row_offsets
 from kernels._launch import (check_finite, check_same_device, check_same_dtype, check_shape, check_tensor,
                              leading_layout, new_out, row_tile)
+from kernels._variants import by_alignment
 
 _LOG2E = 1.4426950408889634
 
@@ -81,6 +82,9 @@ def _softmax_kernel(x_ptr, y_ptr, n_rows, M, N, n1, n2, xs0, xs1, xs2, xsn, scal
             e = tl.exp2((x - row_max) * scale_log2e)
             p = tl.where(nothing_visible, 0.0, e * inv_sum)
             tl.store(y_ptr + y_row + c[None, :], p.to(y_ptr.dtype.element_ty), mask=in_row)
+
+
+_softmax_kernel = by_alignment(_softmax_kernel, lead="n1", x="x_ptr xs0 xs1 xs2 xsn N", y="y_ptr N")
 
 
 def _check_options(scale, causal) -> float:
@@ -163,6 +167,10 @@ def _softmax_backward_kernel(dy_ptr, y_ptr, dx_ptr, n_rows, M, N, n1, n2, ds0, d
             if CAUSAL:
                 dx = tl.where(c[None, :] <= last[:, None], dx, 0.0)
             tl.store(dx_ptr + dx_row + c[None, :], dx.to(dx_ptr.dtype.element_ty), mask=in_row)
+
+
+_softmax_backward_kernel = by_alignment(
+    _softmax_backward_kernel, lead="n1", dy="dy_ptr ds0 ds1 ds2 dsn N", y="y_ptr ys0 ys1 ys2 ysn N", dx="dx_ptr N")
 
 
 def softmax_backward(dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0, causal: bool = False, *,

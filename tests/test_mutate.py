@@ -179,8 +179,8 @@ def test_ops_of_a_kernel_file_and_of_the_shared_helpers(tool):
     assert "decoder" in tool.mutants.ops_using("kernels/norms.py", "_rmsnorm_kernel")   # models/ calls kernels.rmsnorm
 
 
-# Kernel bodies without a decorator, jitted by module-level calls (kernels/gated_delta.py's
-# `_GDN_STATE = _jit_twice(_gdn_state_kernel)`), and the launcher launching them by those names.
+# Kernel bodies without a decorator, jitted by module-level calls (a factory that jits one body
+# several times), and the launcher launching them by those names.
 JITTED_AT_MODULE_LEVEL = textwrap.dedent('''\
     import inspect
     import triton
@@ -238,12 +238,12 @@ def test_bodies_jitted_by_a_module_level_call_are_kernels_of_their_launchers_op(
 
 
 def test_the_gated_delta_chunk_kernels_are_no_blind_spot(tool):
-    """_gdn_prepare_kernel and _gdn_state_kernel have no decorator: _jit_twice jits each body
-    twice at module level and gated_delta_rule launches them as _GDN_PREPARE[variant][grid]."""
+    """The chunk kernels are rebound at module level to their by_alignment wrappers
+    (kernels/_variants.py), which gated_delta_rule launches under the kernels' own names."""
     gated_delta = ROOT / "kernels" / "gated_delta.py"
     functions = {m.function for m in tool.mutants.enumerate_mutants(gated_delta)}
     assert {"_gdn_prepare_kernel", "_gdn_state_kernel", "_gdn_decode_kernel"} <= functions
-    assert not functions & {"_jit_twice", "_qkv_aligned", "gated_delta_rule"}     # undecorated, jitted by nothing
+    assert "gated_delta_rule" not in functions                                   # undecorated, jitted by nothing
     for kernel in ("_gdn_prepare_kernel", "_gdn_state_kernel"):
         assert tool.mutants.ops_using("kernels/gated_delta.py", kernel) == ["gated_delta_rule"], kernel
 

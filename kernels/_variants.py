@@ -1,0 +1,122 @@
+"""Compiled variants by operand alignment: how many specialisations a kernel can compile.
+
+Triton specialises a kernel on every integer argument (== 1, divisible by 16) and on every
+pointer (16-byte aligned), and compiles each new combination: a second or more on the GPU. A
+kernel with twenty strides and sizes meets hundreds of combinations over the suite's random
+layouts (the H100's gpu profile compiled _gemm_kernel 793 times in a third of the suite), while
+a production call only needs the specialisations that let loads and stores be vectorised.
+
+`by_alignment(kernel, a="a_ptr sam sak K", ...)` groups each operand's pointer with the
+integers of its layout (its strides, the extent of its contiguous dimension). At each call a
+group is *aligned* when its pointer is 16-byte aligned and each of its integers is 1 or a
+multiple of 16. The variant compiled for a call specialises the members of its aligned groups
+as Triton would, and nothing else: an unaligned group's members and the integers of no group
+(lengths, counts, offsets) are runtime values. A call whose groups are all aligned, the layout
+of production tensors, so compiles the vectorised code it always did; an odd layout shares one
+variant (per dtype and compile-time constant) with every other layout unaligned in the same
+groups, instead of one per combination of its integers' residues. A tensor argument in no group
+is a group of its own (its pointer alone).
+
+On Triton's interpreter nothing is compiled; the same choice is made (so CPU runs exercise it)
+and every variant runs the same interpreted function.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import triton
+
+from kernels._launch import interpreting
+
+
+class ByAlignment:
+    """A @triton.jit kernel that compiles one variant per alignment of its operand groups; used
+    as the kernel is: `kernel[grid](*args, **kwargs)`."""
+
+    calls: list | None = None     # a list to note (kernel, key) of every launch in (tests set it)
+
+    def __init__(self, kernel, groups: dict):
+        self.kernel = kernel
+        self.fn = kernel.fn
+        self.__name__ = self.fn.__name__
+        params = inspect.signature(self.fn).parameters
+        self._runtime = [n for n, p in params.items() if p.annotation is inspect.Parameter.empty]
+        self._index = {n: i for i, n in enumerate(params)}
+        self.groups = {g: tuple(members.split()) if isinstance(members, str) else tuple(members)
+                       for g, members in groups.items()}
+        for g, members in self.groups.items():
+            unknown = [m for m in members if m not in self._runtime]
+            if unknown:
+                raise ValueError(f"by_alignment({self.__name__}): group {g!r} names {unknown}, which are not "
+                                 f"runtime arguments of the kernel")
+        grouped = {m for members in self.groups.values() for m in members}
+        # (index, name) of each member, per group; then the tensors of no group, one group each
+        self._checks = [tuple((self._index[m], m) for m in members) for members in self.groups.values()]
+        self._loose = [(self._index[n], n) for n in self._runtime if n not in grouped]
+        self._members = list(self.groups.values())
+        self._variants: dict = {}
+
+    @staticmethod
+    def _value(args, kwargs, index, name):
+        return args[index] if index < len(args) else kwargs.get(name)
+
+    def key(self, args, kwargs) -> tuple:
+        """(aligned bit per group, aligned bit per ungrouped tensor): which variant a call takes."""
+        bits = []
+        for members in self._checks:
+            ok = True
+            for index, name in members:
+                v = self._value(args, kwargs, index, name)
+                if isinstance(v, torch.Tensor):
+                    ok = v.data_ptr() % 16 == 0
+                elif isinstance(v, int) and not isinstance(v, bool):
+                    ok = v == 1 or v % 16 == 0
+                if not ok:
+                    break
+            bits.append(ok)
+        for index, name in self._loose:
+            v = self._value(args, kwargs, index, name)
+            bits.append(not isinstance(v, torch.Tensor) or v.data_ptr() % 16 == 0)
+        return tuple(bits)
+
+    def _variant(self, key, args, kwargs):
+        """The jitted function for `key`, made at its first call from that call's argument types."""
+        found = self._variants.get(key)
+        if found is not None:
+            return found
+        aligned = {m for ok, members in zip(key, self._members) if ok for m in members}
+        aligned |= {name for ok, (_, name) in zip(key[len(self._members):], self._loose) if ok}
+        ints, pointers = [], []
+        for name in self._runtime:
+            v = self._value(args, kwargs, self._index[name], name)
+            if name in aligned:
+                continue
+            if isinstance(v, torch.Tensor):
+                pointers.append(name)
+            elif isinstance(v, int) and not isinstance(v, bool):
+                ints.append(name)
+        if interpreting():
+            found = self.kernel           # the interpreter specialises nothing: one function serves
+        else:
+            found = triton.jit(do_not_specialize=ints, do_not_specialize_on_alignment=pointers)(self.fn)
+        self._variants[key] = found
+        return found
+
+    def variants(self) -> list:
+        """The jitted functions made so far, one per alignment key met."""
+        return list(self._variants.values())
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            key = self.key(args, kwargs)
+            if ByAlignment.calls is not None:
+                ByAlignment.calls.append((self, key))
+            return self._variant(key, args, kwargs)[grid](*args, **kwargs)
+        return launch
+
+
+def by_alignment(kernel, **groups) -> ByAlignment:
+    """`kernel` (a @triton.jit function) compiled per alignment of the named operand groups:
+    each keyword names a group, its value the runtime arguments in it (a space-separated string)."""
+    return ByAlignment(kernel, groups)

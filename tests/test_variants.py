@@ -1,0 +1,179 @@
+"""Compiled variants by operand alignment (kernels/_variants.py): which variant a launch takes.
+
+A production call (contiguous, 16-byte aligned tensors, feature dims multiples of 16, any
+number of rows or tokens) must take the variant specialised on every group, which compiles
+the vectorised code the kernels had before variants existed; an odd layout must not. The key
+is computed on the host alike on both backends."""
+import importlib
+import pkgutil
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import kernels
+from kernels._variants import ByAlignment, by_alignment
+
+
+@triton.jit
+def _toy_kernel(x_ptr, y_ptr, n_rows, D, sx, sy, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * sx + cols, mask=cols < D)
+    tl.store(y_ptr + row * sy + cols, x + 1, mask=cols < D)
+
+
+_toy = by_alignment(_toy_kernel, x="x_ptr sx D", y="y_ptr sy D")
+
+
+def test_a_group_is_aligned_when_its_pointer_and_integers_are(backend):
+    x = torch.zeros(64, device=backend.device)
+    y = torch.zeros(64, device=backend.device)
+
+    def groups(*args, **kwargs):        # the key's bits of the two groups (then one per argument in none)
+        return _toy.key(args, kwargs)[:2]
+    assert groups(x, y, 5, 16, 16, 16) == (True, True)
+    assert groups(x, y, 5, 16, 1, 32) == (True, True)              # 1 counts as aligned
+    assert groups(x, y, 5, 16, 17, 16) == (False, True)            # x's stride
+    assert groups(x, y, 5, 15, 16, 16) == (False, False)           # D is in both groups
+    assert groups(x[1:], y, 4, 16, 16, 16) == (False, True)        # x's pointer, 4 bytes off
+    assert groups(x, y, n_rows=3, D=16, sx=16, sy=48) == (True, True)     # by keyword
+    assert _toy.key((x, y, 7, 16, 16, 16), {}) == _toy.key((x, y, 8, 16, 16, 16), {})    # n_rows is in no group
+
+
+def test_launches_run_the_same_body_whatever_the_variant(backend):
+    x = torch.arange(96, dtype=torch.float32, device=backend.device)
+    aligned, odd = torch.zeros(96, device=backend.device), torch.zeros(96, device=backend.device)
+    _toy[(3,)](x, aligned, 3, 16, 32, 32, BLOCK=16)
+    _toy[(3,)](x[1:], odd[1:], 3, 15, 31, 31, BLOCK=16)                # unaligned everything
+    assert torch.equal(aligned.cpu()[32:48], torch.arange(32, 48) + 1.0)
+    assert torch.equal(odd.cpu()[32:47], torch.arange(32, 47) + 1.0)
+    assert len(_toy.variants()) >= 2
+
+
+def test_a_group_must_name_runtime_arguments():
+    with pytest.raises(ValueError, match="BLOCK"):
+        by_alignment(_toy_kernel, x="x_ptr sx BLOCK")
+    with pytest.raises(ValueError, match="nope"):
+        by_alignment(_toy_kernel, x="x_ptr nope")
+
+
+def _wrapped() -> dict:
+    """Every by_alignment kernel of the kernels package, by name."""
+    found = {}
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"kernels.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, ByAlignment):
+                found[value.__name__] = value
+    return found
+
+
+def _production_calls(dev):
+    """Launcher calls as a model makes them: contiguous tensors, feature dims multiples of 16, odd
+    row and token counts. Each yields the name of what it calls."""
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(dtype).to(dev)
+
+    rows, D = 5, 64
+    x, w, b, dy = r(rows, D), r(D), r(D), r(rows, D)
+    yield "norms"
+    kernels.rmsnorm(x, w)
+    kernels.layernorm(x, w, b)
+    kernels.add_rmsnorm(x, r(rows, D), w)
+    kernels.rmsnorm_backward(dy, x, w)
+    kernels.layernorm_backward(dy, x, w, b)
+    kernels.add_rmsnorm_backward(dy, r(rows, D), x, r(rows, D), w)
+    yield "softmax and activations"
+    y = kernels.softmax(x, causal=True)
+    kernels.softmax_backward(dy, y)
+    kernels.bias_gelu(x, b)
+    kernels.bias_gelu_backward(dy, x, b)
+    yield "rope"
+    B, T, H, Dh = 1, 5, 2, 64
+    q4 = r(B, T, H, Dh)
+    pos = torch.arange(T, device=dev).view(B, T)
+    kernels.rope(q4, pos)
+    kernels.rmsnorm_rope(q4, r(Dh), pos)
+    kernels.rmsnorm_rope_backward(r(B, T, H, Dh), q4, r(Dh), pos)
+    yield "attention"
+    k4, v4 = r(B, 7, 1, Dh), r(B, 7, 1, Dh)
+    o, lse = kernels.flash_attention(q4, k4, v4, causal=True, return_lse=True)
+    kernels.flash_attention_backward(q4, k4, v4, o, lse, r(B, T, H, Dh), causal=True)
+    kcache, vcache = r(3, 32, 1, Dh), r(3, 32, 1, Dh)
+    lens = torch.tensor([5, 17, 32], device=dev, dtype=torch.int32)
+    kernels.decode_attention(r(3, 2, Dh), kcache, vcache, lens)
+    kernels.decode_attention(r(3, 2, Dh), kcache, vcache, lens, num_splits=2)
+    yield "mla"
+    L, R = 64, 16
+    mla_args = (r(2, 1, 16, L), r(2, 1, 16, R), r(2, 48, L), r(2, 48, R), torch.tensor([7, 48], device=dev,
+                dtype=torch.int32), 0.1)
+    kernels.mla_decode(*mla_args)
+    kernels.mla_decode(*mla_args, num_splits=2)
+    yield "gemm"
+    wg, wu = r(48, D), r(48, D)
+    kernels.matmul(x, wg, r(48))
+    kernels.swiglu(x, wg, wu)
+    kernels.swiglu_backward(r(rows, 48), x, wg, wu, r(48), r(48))
+    yield "fp8"
+    kernels.quantize_fp8(x)                                  # per tensor: the amax pass first
+    a8, sa = kernels.quantize_fp8(x, granularity="row")
+    b8, sb = kernels.quantize_fp8(r(48, D), granularity="row")
+    kernels.fp8_matmul(a8, b8, sa, sb, r(48, dtype=torch.bfloat16))
+    yield "cross entropy"
+    labels = torch.tensor([0, 3, -100, 40, 79], device=dev)
+    kernels.fused_linear_cross_entropy(x.requires_grad_(False), r(80, D), labels)
+    yield "embedding"
+    ids = torch.tensor([[1, 5, 9, 1, 0]], device=dev)
+    table = r(16, D)
+    kernels.embedding(ids, table)
+    kernels.embedding_backward(r(1, 5, D), ids, 16)
+    yield "gated delta"
+    Hk, Hv, Dk, Dv, Tg = 1, 2, 16, 32, 5
+    kernels.gated_delta_rule(r(1, Tg, Hk, Dk), r(1, Tg, Hk, Dk), r(1, Tg, Hv, Dv), -r(1, Tg, Hv).abs(),
+                             r(1, Tg, Hv).sigmoid(), output_final_state=True)
+    yield "moe"
+    E, I, Hm, top_k = 4, 32, 64, 2
+    xm = r(rows, Hm)
+    ids_m, weights = kernels.moe_route(r(rows, E), top_k)
+    kernels.moe(xm, r(E, 2 * I, Hm) * 0.1, r(E, Hm, I) * 0.1, ids_m, weights)
+    q13, s13 = kernels.quantize_mxfp4(r(E * 2 * I, Hm))
+    q2, s2 = kernels.quantize_mxfp4(r(E * Hm, I))
+    kernels.moe_mxfp4(xm, q13.view(E, 2 * I, -1), s13.view(E, 2 * I, -1), q2.view(E, Hm, -1), s2.view(E, Hm, -1),
+                      ids_m, weights)
+    kernels.dequantize_mxfp4(q13, s13)
+    kernels.moe_permute(torch.randint(0, E, (700, top_k), generator=g).to(dev), E, 16)   # entries in many chunks
+
+
+# Kernels that production layouts do not reach on every backend: aligned operands take the TMA
+# GEMMs instead (fp8 on both backends, 16-bit GEMMs on a Hopper GPU; the pointer kernels serve
+# the other layouts), or the GPU plans the permutation's chunks otherwise.
+NOT_ALWAYS_REACHED = {"_fp8_matmul_kernel", "_gemm_kernel", "_swiglu_dz_kernel", "_moe_up_kernel", "_moe_down_kernel",
+                      "_count_kernel", "_scatter_kernel"}
+
+
+def test_production_calls_take_the_fully_specialised_variant(backend):
+    ByAlignment.calls = calls = []
+    try:
+        for _ in _production_calls(backend.device):
+            pass
+    finally:
+        ByAlignment.calls = None
+    odd = sorted({(kernel.__name__, key) for kernel, key in calls if not all(key)})
+    assert not odd, f"production layouts took a variant that is not specialised on every group: {odd}"
+    reached = {kernel.__name__ for kernel, _ in calls}
+    missing = set(_wrapped()) - reached - NOT_ALWAYS_REACHED
+    assert not missing, f"no production call reaches {sorted(missing)}: add one above"
+
+
+def test_odd_layouts_take_another_variant(backend):
+    ByAlignment.calls = calls = []
+    try:
+        x = torch.randn(5, 70, device=backend.device)[:, :63]        # a row stride of 70, 63 columns
+        kernels.rmsnorm(x, torch.randn(63, device=backend.device))
+    finally:
+        ByAlignment.calls = None
+    assert [(k.__name__, all(key)) for k, key in calls] == [("_rmsnorm_kernel", False)]
