@@ -115,9 +115,12 @@ def install_compile_timer() -> bool:
             mine[1] += dt
             if os.environ.get(COMPILE_LOG):     # what each compilation specialised on, to study
                 with open(os.environ[COMPILE_LOG], "a") as f:
-                    f.write(json.dumps({"kernel": name, "s": round(dt, 3), "constexprs": repr(getattr(src, "constexprs", "")),
+                    options = args[2] if len(args) > 2 else kwargs.get("options")
+                    f.write(json.dumps({"kernel": name, "s": round(dt, 3), "pid": os.getpid(),
+                                        "constexprs": repr(getattr(src, "constants", getattr(src, "constexprs", ""))),
                                         "attrs": repr(getattr(src, "attrs", "")),
-                                        "signature": repr(getattr(src, "signature", ""))}) + "\n")
+                                        "signature": repr(getattr(src, "signature", "")),
+                                        "options": repr(options)}) + "\n")
 
     tc.compile = timed_compile
     if getattr(triton, "compile", None) is original:
