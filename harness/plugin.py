@@ -113,6 +113,8 @@ class State:
     impls: dict = field(default_factory=dict)       # op -> harness.impls.Implementation (--impl)
     impl_not_run: Counter = field(default_factory=Counter)      # (op, reason) -> tests --impl left out
     impl_unsupported: Counter = field(default_factory=Counter)  # (op, reason) -> checks it declared unsupported
+    gpu_sharers: int = 0        # GPU run: how many processes share this one's GPU (0: not a GPU run)
+    cache_limit: int = 0        # ... and the bytes of cached memory it keeps between tests (gpus.cache_limit)
 
     def impl_names(self) -> dict:
         return {op: impl.name for op, impl in self.impls.items()}
@@ -249,7 +251,9 @@ def pytest_configure_node(node):
     s = state(node.config)
     if s.gpu_ids:
         index = gpus.worker_index(node.workerinput["workerid"])
-        node.workerinput[gpus.WORKER_INPUT] = gpus.assign(index, max(len(s.gpu_plan), 1), s.gpu_ids)
+        token = gpus.assign(index, max(len(s.gpu_plan), 1), s.gpu_ids)
+        node.workerinput[gpus.WORKER_INPUT] = token
+        node.workerinput[gpus.SHARERS_INPUT] = max(1, gpus.sharers(s.gpu_plan, token))
 
 
 def pytest_configure(config):
@@ -327,6 +331,8 @@ def pytest_configure(config):
         st.baseline = _load_baseline(config, st)
         if chosen.name == "gpu":
             _plan_gpus(config, st, wanted)
+    if chosen.name == "gpu":
+        st.gpu_sharers = config.workerinput.get(gpus.SHARERS_INPUT, 1) if worker else 1
     config.stash[_STATE] = st
     config.pluginmanager.register(Recorder(config, config.stash[_STATE]), "kernelcheck-recorder")
     config.pluginmanager.register(timer, "kernelcheck-phases")
@@ -538,6 +544,21 @@ class GapHit(BaseException):
 
 
 _GAP_HIT = pytest.StashKey[str]()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """A GPU worker gives its caching allocator's memory back when it holds more than its share
+    of the card (gpus.cache_limit), so the workers on one GPU never hold it all between them."""
+    s = state(item.config)
+    if not s.gpu_sharers:
+        return
+    import torch
+    if not torch.cuda.is_initialized():
+        return
+    if not s.cache_limit:
+        s.cache_limit = gpus.cache_limit(torch.cuda.get_device_properties(0).total_memory, s.gpu_sharers)
+    if torch.cuda.memory_reserved() > s.cache_limit:
+        torch.cuda.empty_cache()
 
 
 @pytest.hookimpl(wrapper=True)

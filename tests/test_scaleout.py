@@ -45,6 +45,16 @@ def test_workers_are_dealt_round_robin_and_share_the_gpus_evenly():
             bad()
 
 
+def test_the_workers_on_one_gpu_keep_at_most_half_its_memory_cached_between_tests():
+    """Sixteen workers' caches filled an 80 GB H100 after six minutes of the gpu profile; each now
+    keeps at most its share of half the card (harness/plugin.py: pytest_runtest_teardown)."""
+    plan = gpus.plan(16, ["0"])
+    assert gpus.sharers(plan, "0") == 16 and gpus.sharers(gpus.plan(32, ["0", "1"]), "1") == 16
+    h100 = 81559 * 2**20
+    assert gpus.cache_limit(h100, 16) == h100 // 32
+    assert gpus.cache_limit(h100, 1) == h100 // 2 and gpus.cache_limit(h100, 0) == h100 // 2
+
+
 def test_the_gpus_option_picks_among_the_gpus_cuda_visible_devices_leaves():
     assert gpus.parse("0,2") == [0, 2] and gpus.parse(" 1 ") == [1]
     for bad in ("", "a", "0,-1", "0,,1", "1,1", "0.5"):
