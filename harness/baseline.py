@@ -30,8 +30,9 @@ pytest itself would exit 0) when, for a group:
 
 Groups the run did not select are not compared (and counted). New groups, groups that improved
 by more than the growth factor, and version differences are reported, not failed. When the
-Hypothesis version differs from the baseline's, derandomized draws may differ: the random
-groups are then judged for failures only.
+Hypothesis version or the profile's draws (versions["draws"]: random parts x examples a part)
+differ from the baseline's, derandomized draws differ: the random groups are then judged for
+failures only.
 
 An *envelope* baseline is written from several audits of one run on different CPUs (one per
 OpenBLAS core type, harness/cpu_spread.py): per group, the worst of them. A run on any of those
@@ -305,10 +306,11 @@ def compare(base: Baseline, run_rows: dict, *, growth, floor: float, selected, c
     """
     rep = Report(notes=version_notes(base.meta.get("versions", {}), run_versions))
     run_gaps = run_gaps or {}
-    same_draws = base.meta.get("versions", {}).get("hypothesis") == run_versions.get("hypothesis")
+    base_versions = base.meta.get("versions", {})
+    same_draws = all(base_versions.get(k) == run_versions.get(k) for k in ("hypothesis", "draws"))
     if not same_draws:
-        rep.notes.append("Hypothesis differs from the baseline's: random groups may draw other cases, so they "
-                         "are judged for failures only")
+        rep.notes.append("Hypothesis or the profile's draws (parts x examples) differ from the baseline's: random "
+                         "groups may draw other cases, so they are judged for failures only")
     gone: dict = {}             # (op, dtype) -> keys vanished because no test of theirs ran
     for key in sorted(base.rows, key=_sortable):
         b = base.rows[key]
@@ -401,7 +403,7 @@ def format_report(rep: Report, path, update_command: str, max_notes: int = 20) -
     if rep.not_selected:
         tail += f", {rep.not_selected} not selected by this run (not compared)"
     if rep.random_unjudged:
-        tail += f", {rep.random_unjudged} random groups not drawn (Hypothesis differs)"
+        tail += f", {rep.random_unjudged} random groups not drawn (Hypothesis or the draws differ)"
     if counts["new"]:
         tail += f", {counts['new']} new"
     if counts["improved"]:

@@ -33,8 +33,10 @@ def ran_of(records):
              None if r["test"].startswith(RANDOM) else r["values"]) for r in records}
 
 
-def gate(base_records, run_records, *, complete=True, ran=None, versions=VERSIONS, growth=None, floor=0.01):
-    base = Baseline(bl.make_meta("interpreter", "Triton interpreter (CPU)", "ci", VERSIONS), bl.group_rows(base_records))
+def gate(base_records, run_records, *, complete=True, ran=None, versions=VERSIONS, growth=None, floor=0.01,
+         base_versions=VERSIONS):
+    base = Baseline(bl.make_meta("interpreter", "Triton interpreter (CPU)", "ci", base_versions),
+                    bl.group_rows(base_records))
     ran = ran_of(run_records) if ran is None else ran
     return bl.compare(base, bl.group_rows(run_records), growth=growth or (lambda op: 2.0), floor=floor,
                       selected=lambda row: bl.covered(row, ran), complete=complete, run_versions=versions,
@@ -136,13 +138,25 @@ def test_another_hypothesis_judges_random_groups_for_failures_only():
     other = dict(VERSIONS, hypothesis="6.999.0")
     grown = [dict(r, usage=0.9) if r["test"].startswith(RANDOM) else r for r in BASE]
     rep = gate(BASE, grown, versions=other)
-    assert rep.findings == [] and any("Hypothesis differs" in n for n in rep.notes)
+    assert rep.findings == [] and any("Hypothesis or the profile's draws" in n for n in rep.notes)
     assert any("hypothesis 6.170.15 -> 6.999.0" in n for n in rep.notes)
     failing = [dict(r, usage="inf", passed=False) if r["test"].startswith(RANDOM) else r for r in BASE]
     assert [f.kind for f in gate(BASE, failing, versions=other).findings] == ["fails"]
     drawn_other = [r for r in BASE if not r["test"].startswith(RANDOM)]
     rep = gate(BASE, drawn_other, versions=other, ran=ran_of(BASE))
     assert rep.findings == [] and rep.random_unjudged == 1
+
+
+def test_another_draw_plan_judges_random_groups_for_failures_only():
+    """A profile that draws its random cases in other parts or counts (versions["draws"]) drew
+    other cases: its random groups are judged for failures only, its pinned groups as always."""
+    base_versions, run_versions = dict(VERSIONS, draws="10x6"), dict(VERSIONS, draws="4x4")
+    grown = [dict(r, usage=0.9) for r in BASE]
+    rep = gate(BASE, grown, versions=run_versions, base_versions=base_versions)
+    assert any("draws" in n for n in rep.notes) and any("draws 10x6 -> 4x4" in n for n in rep.notes)
+    assert {f.group.split()[0] for f in rep.findings if f.kind == "grew"} == {"pinned"}
+    same = gate(BASE, grown, versions=base_versions, base_versions=base_versions)
+    assert {f.group.split()[0] for f in same.findings if f.kind == "grew"} == {"pinned", "random"}
 
 
 def test_baseline_file_is_deterministic_sorted_and_one_group_a_line(tmp_path):

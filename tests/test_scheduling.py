@@ -37,7 +37,7 @@ def test_long_tests_are_spread_through_the_order():
 
 def test_gpu_profile_parts_draw_different_cases_and_xdist_steals_work(tmp_path):
     """Under the gpu profile (here on whatever backend this is) one op, dtype and config runs as
-    10 tests of 6 examples, each part mostly other cases; -n without --dist schedules by work stealing."""
+    4 tests of 4 examples, each part mostly other cases; -n without --dist schedules by work stealing."""
     audit = tmp_path / "a.json"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-n", "2", "tests/test_ops.py",
            "--op", "embedding", "--dtype", "float32", "-k", "test_random and auto", "--hypothesis-profile", "gpu",
