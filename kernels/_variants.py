@@ -50,10 +50,10 @@ class ByAlignment:
             if unknown:
                 raise ValueError(f"by_alignment({self.__name__}): group {g!r} names {unknown}, which are not "
                                  f"runtime arguments of the kernel")
-        grouped = {m for members in self.groups.values() for m in members}
+        self._grouped = {m for members in self.groups.values() for m in members}
         # (index, name) of each member, per group; then the tensors of no group, one group each
         self._checks = [tuple((self._index[m], m) for m in members) for members in self.groups.values()]
-        self._loose = [(self._index[n], n) for n in self._runtime if n not in grouped]
+        self._loose = [(self._index[n], n) for n in self._runtime if n not in self._grouped]
         self._members = list(self.groups.values())
         self._variants: dict = {}
 
@@ -80,27 +80,31 @@ class ByAlignment:
             bits.append(not isinstance(v, torch.Tensor) or v.data_ptr() % 16 == 0)
         return tuple(bits)
 
-    def _variant(self, key, args, kwargs):
-        """The jitted function for `key`, made at its first call from that call's argument types."""
-        found = self._variants.get(key)
-        if found is not None:
-            return found
+    def unspecialised(self, key, args, kwargs) -> tuple[list, list]:
+        """(integers, pointers) that the variant of `key` does not specialise, from a call's
+        argument types: the members of its unaligned groups, the integers of no group and the
+        unaligned tensors of none."""
         aligned = {m for ok, members in zip(key, self._members) if ok for m in members}
-        aligned |= {name for ok, (_, name) in zip(key[len(self._members):], self._loose) if ok}
         ints, pointers = [], []
         for name in self._runtime:
             v = self._value(args, kwargs, self._index[name], name)
-            if name in aligned:
-                continue
             if isinstance(v, torch.Tensor):
-                pointers.append(name)
-            elif isinstance(v, int) and not isinstance(v, bool):
+                if name not in aligned and not (name not in self._grouped and v.data_ptr() % 16 == 0):
+                    pointers.append(name)
+            elif isinstance(v, int) and not isinstance(v, bool) and name not in aligned:
                 ints.append(name)
-        if interpreting():
-            found = self.kernel           # the interpreter specialises nothing: one function serves
-        else:
-            found = triton.jit(do_not_specialize=ints, do_not_specialize_on_alignment=pointers)(self.fn)
-        self._variants[key] = found
+        return ints, pointers
+
+    def _variant(self, key, args, kwargs):
+        """The jitted function for `key`, made at its first call from that call's argument types."""
+        found = self._variants.get(key)
+        if found is None:
+            if interpreting():
+                found = self.kernel       # the interpreter specialises nothing: one function serves
+            else:
+                ints, pointers = self.unspecialised(key, args, kwargs)
+                found = triton.jit(do_not_specialize=ints, do_not_specialize_on_alignment=pointers)(self.fn)
+            self._variants[key] = found
         return found
 
     def variants(self) -> list:

@@ -42,6 +42,17 @@ def test_a_group_is_aligned_when_its_pointer_and_integers_are(backend):
     assert _toy.key((x, y, 7, 16, 16, 16), {}) == _toy.key((x, y, 8, 16, 16, 16), {})    # n_rows is in no group
 
 
+def test_a_variant_specialises_its_aligned_groups_alone(backend):
+    x = torch.zeros(64, device=backend.device)
+    y = torch.zeros(64, device=backend.device)
+    aligned = (x, y, 5, 16, 16, 16)
+    assert _toy.unspecialised(_toy.key(aligned, {}), aligned, {}) == (["n_rows"], [])   # lengths never
+    odd_x = (x[1:], y, 5, 16, 17, 16)
+    assert _toy.unspecialised(_toy.key(odd_x, {}), odd_x, {}) == (["n_rows", "sx"], ["x_ptr"])
+    odd = (x, y, 5, 15, 16, 16)
+    assert _toy.unspecialised(_toy.key(odd, {}), odd, {}) == (["n_rows", "D", "sx", "sy"], ["x_ptr", "y_ptr"])
+
+
 def test_launches_run_the_same_body_whatever_the_variant(backend):
     x = torch.arange(96, dtype=torch.float32, device=backend.device)
     aligned, odd = torch.zeros(96, device=backend.device), torch.zeros(96, device=backend.device)
