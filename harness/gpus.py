@@ -83,8 +83,9 @@ def sharers(worker_gpu: dict, gpu: str) -> int:
 
 # Each worker's PyTorch caching allocator keeps the memory its tests freed, for the next test.
 # Sixteen workers on one 80 GB H100 held it all after about six minutes of the gpu profile
-# (nvidia-smi: 80.2 GB used at 360 s, 2026-11-28), and every worker's next large allocation
-# failed: verdicts that depend on the card's memory, not the kernel. A worker gives its cache back
+# (nvidia-smi: 80.2 GB used from 360 s on, 2026-11-28), and the run's failures came from then on
+# (results/gpu-h100/suite.txt): verdicts that depend on the card's memory, not the kernel; the
+# H200's 141 GB hid it. A worker gives its cache back
 # after a test when it holds more than its share: half the card split among the workers on it
 # (the other half: the CUDA contexts, the loaded kernels, and a test that needs more for a while).
 def cache_limit(total_bytes: int, workers_on_gpu: int) -> int:
