@@ -680,6 +680,8 @@ class Recorder:
         self.outcomes = Counter()        # passed / failed / error / xfailed / skipped, for the audit's meta
         self.failure_text = {}           # nodeid -> its failure report (the audit's volatile section)
         self.durations = Counter()       # nodeid -> seconds (setup, call and teardown)
+        # Taken out of the environment: the pytest runs that tests start write none to it.
+        self.failures_log = os.environ.pop("KERNELCHECK_FAILURES_LOG", None)
 
     @pytest.hookimpl(tryfirst=True)      # before junitxml reads the report's properties
     def pytest_runtest_logreport(self, report):
@@ -738,6 +740,10 @@ class Recorder:
             self.outcomes["failed" if report.when == "call" else "error"] += 1
             text = self.failure_text.get(report.nodeid, "")
             self.failure_text[report.nodeid] = (text + "\n" if text else "") + report.longreprtext
+            if self.failures_log and not hasattr(self.config, "workerinput"):
+                # As they happen: a run stopped by a wall-clock limit keeps its failures' reports.
+                with open(self.failures_log, "a") as f:
+                    f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
         elif report.when == "call":
             skipped = getattr(report, "skipped", False)
             self.outcomes["xfailed" if hasattr(report, "wasxfail") else "skipped" if skipped else "passed"] += 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from models.capture import capture
 from models.kv_cache import _Cache
 
 
@@ -34,7 +35,7 @@ class DecodeGraph:
         # Capture records the kernels without running them, so the cache is left untouched; every
         # Triton kernel of the step must be compiled before (an eager decode at these shapes,
         # which the caller has run: generate() captures after its first decode step).
-        with torch.cuda.graph(self.graph):
+        with capture(self.graph):
             self.logits = model.decode_step(self.tokens, cache)
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,12 @@ buckets can drop them with model.prefill_graphs.clear().
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 import kernels
+from models.capture import capture
 
 MAX_TOKENS = 8192       # B x Tb above this: eager (GPU-bound there; a graph would only cost memory)
 
@@ -41,7 +44,11 @@ class PrefillGraph:
             raise ValueError(f"model: CUDA graphs need a CUDA device, the model is on {model.device}")
         c = model.config
         dev, dtype = model.device, model.dtype
-        self.model, self.B, self.Tb = model, B, Tb
+        # A weak reference: the model keeps its graphs (model.prefill_graphs), and a cycle would
+        # leave a dropped model and its graphs to the cyclic collector (models/capture.py says why
+        # that matters).
+        self._model = weakref.ref(model)
+        self.B, self.Tb = B, Tb
         self.x = torch.zeros((B * Tb, c.hidden_size), dtype=dtype, device=dev)      # embeddings, written per call
         self.positions = torch.arange(Tb, device=dev).repeat(B)
         self.last = torch.zeros(B, dtype=torch.int64, device=dev)                   # rows of the last real tokens
@@ -51,8 +58,12 @@ class PrefillGraph:
         self._step()                    # eager, at the graph's shapes: compiles every kernel first
         torch.cuda.synchronize(dev)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with capture(self.graph):
             self.logits = self._step()
+
+    @property
+    def model(self):
+        return self._model()
 
     def _step(self) -> torch.Tensor:
         model, B, Tb = self.model, self.B, self.Tb

@@ -16,6 +16,7 @@ if [ "${SKIP_SUITE:-0}" != 1 ]; then
       > "$OUT/utilisation.txt" 2>&1 &
   smi=$!
   start=$(date +%s)
+  export KERNELCHECK_FAILURES_LOG=${KERNELCHECK_FAILURES_LOG:-$OUT/failures.txt}
   # pytest-timeout (on the GPU image) is a safety net only: no test should come near it.
   timeout "${SUITE_TIMEOUT:-570}" python3 -m pytest -n "${WORKERS:-auto}" -q -p no:cacheprovider \
       -p timeout --timeout="${TEST_TIMEOUT:-120}" -p no:benchmark --durations=30 \

@@ -13,7 +13,9 @@ teacher-forced decode logits against transformers in float64, op `decoder`):
 Tiny models (hidden 32-48, 1-4 layers, prompts <= 12 tokens) keep the interpreter's time small.
 bf16 is left to the GPU: the interpreter cannot compute a bf16 tl.dot (harness/gaps.py,
 interp-bf16-dot, which marks the bf16 items below as strict xfails)."""
+import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -240,6 +242,40 @@ def test_cuda_graph_prefill_matches_the_oracle(op, dtype, config, cache, backend
     values the graph staged into the cache, all within the budget of transformers' float64
     model. Twice: the second call replays the graph the first captured."""
     _check_graph_prefill(dtype, cache, backend, budgets)
+
+
+@pytest.mark.parametrize("op,dtype,config", _graph_params("bfloat16"))
+def test_cuda_graph_capture_after_dead_graphs(op, dtype, config, backend):
+    """A dropped model frees its prefill graphs at once (they do not hold it: no reference
+    cycle), and a capture collects cyclic garbage first and pauses the collector: a CUDA graph
+    destroyed inside another's capture invalidates that capture (models/capture.py)."""
+    from models.capture import capture
+
+    inp = _inputs(_case(dtype, shape=(2, 32, 4, 2, 8, 64, 96), seed=12, lens="5,5", steps=1), backend)
+    model = inp.pop("model")
+    kv = make_cache("contiguous", model.config, 2, 8, model.dtype, model.device)
+    model.prefill(inp["prompts"], kv, cuda_graph=True)
+    prefill_graph = weakref.ref(model.prefill_graphs[(2, 16)])
+    del model, kv
+    assert prefill_graph() is None, "the dropped model's prefill graph outlived it (a reference cycle)"
+
+    class Holder:                       # a captured graph in a reference cycle, then dropped
+        pass
+    x = torch.ones(4, device=backend.device)
+    held = Holder()
+    held.graph, held.me = torch.cuda.CUDAGraph(), held
+    with capture(held.graph):
+        x.add_(1)
+    dead = weakref.ref(held)
+    del held
+    graph = torch.cuda.CUDAGraph()
+    with capture(graph):
+        inside = (dead() is None, gc.isenabled())
+        x.mul_(2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert inside == (True, False), "the dead graph was not collected before the capture, or the collector ran in it"
+    assert gc.isenabled() and x.tolist() == [2.0] * 4
 
 
 @pytest.mark.parametrize("op,dtype,config", _graph_params("bfloat16"))
