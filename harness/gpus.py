@@ -7,11 +7,15 @@ start of its pytest_configure, before the backend selection first touches torch.
 reads the variable once, when it initialises, so a later change would have no effect (the
 worker checks that it then sees exactly one device).
 
-The functions here are pure (no torch, no CUDA), so the mapping is tested on any machine.
+The functions here use no torch and no CUDA, so they are tested on any machine.
 A GPU is named by its CUDA_VISIBLE_DEVICES token: the physical index ("0", "2") unless the
 user's own CUDA_VISIBLE_DEVICES names GPUs by UUID ("GPU-...") or MIG instance.
 """
 from __future__ import annotations
+
+import fcntl
+import time
+from pathlib import Path
 
 ENV = "CUDA_VISIBLE_DEVICES"
 WORKER_INPUT = "kernelcheck_gpu"     # workerinput key: the CUDA_VISIBLE_DEVICES token of the worker's GPU
@@ -115,3 +119,55 @@ def plan_lines(worker_gpu: dict, names: dict) -> list[str]:
     for gpu, workers in by_gpu.items():
         lines.append(f"kernelcheck: GPU {gpu} ({names.get(gpu, '?')}) <- {len(workers)} workers: {' '.join(workers)}")
     return lines
+
+
+# Tests that allocate many GiB at once (tests/test_large_offsets.py: tensors past 2^31 elements,
+# 4-16 GiB each) cannot share the card with each other and with fifteen workers' caches: two of
+# them ran out of memory in the gpu profile on the 80 GB H100 (2026-11-28) and passed alone.
+# They take turns per GPU, and while one waits or runs, the other workers on that GPU give their
+# cached memory back after each test.
+LARGE_MEMORY = "large_memory"        # the marker of such tests
+
+
+class MemoryTurns:
+    """An exclusive turn on one GPU among the xdist workers of one run: an flock on a file named
+    by the run and the GPU, plus a 'wanted' file the other workers look for after each test."""
+
+    def __init__(self, directory, run_id: str, gpu_token: str):
+        safe = "".join(c if c.isalnum() else "_" for c in f"{run_id}-gpu{gpu_token}")
+        self.lock_path = Path(directory) / f"kernelcheck-{safe}.lock"
+        self.wanted_path = Path(directory) / f"kernelcheck-{safe}.wanted"
+        self._held = None
+
+    def take(self) -> None:
+        """Blocks until no other worker of this run holds the GPU's turn."""
+        self.wanted_path.touch()                  # the others start giving memory back now
+        f = open(self.lock_path, "a")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        self.wanted_path.touch()                  # still wanted (a previous holder removed it)
+        self._held = f
+
+    def give_back(self) -> None:
+        if self._held is None:
+            return
+        self.wanted_path.unlink(missing_ok=True)
+        fcntl.flock(self._held, fcntl.LOCK_UN)
+        self._held.close()
+        self._held = None
+
+    @property
+    def held(self) -> bool:
+        return self._held is not None
+
+    def wanted(self) -> bool:
+        """Whether some worker of this run waits for, or holds, this GPU's turn."""
+        return self.wanted_path.exists()
+
+
+def wait_for_free(free_bytes, want: int, timeout_s: float, poll_s: float = 0.2) -> float:
+    """Poll free_bytes() until it reaches `want` or timeout_s passes; returns the seconds waited
+    (the test then runs either way: an allocation that still fails says so itself)."""
+    start = time.monotonic()
+    while free_bytes() < want and time.monotonic() - start < timeout_s:
+        time.sleep(poll_s)
+    return time.monotonic() - start

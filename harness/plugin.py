@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import random
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,6 +121,7 @@ class State:
     impl_unsupported: Counter = field(default_factory=Counter)  # (op, reason) -> checks it declared unsupported
     gpu_sharers: int = 0        # GPU run: how many processes share this one's GPU (0: not a GPU run)
     cache_limit: int = 0        # ... and the bytes of cached memory it keeps between tests (gpus.cache_limit)
+    memory_turns: object = None # gpus.MemoryTurns of this worker's GPU (shared GPU runs only)
 
     def impl_names(self) -> dict:
         return {op: impl.name for op, impl in self.impls.items()}
@@ -265,6 +267,8 @@ def pytest_configure(config):
     timer = phases.PhaseTimer(config)     # first: a worker's time counts from here
     config.addinivalue_line("markers", "op(name): the test checks this registered op")
     config.addinivalue_line("markers", "audited: the test records audit entries through the check fixture")
+    config.addinivalue_line("markers", f"{gpus.LARGE_MEMORY}: the test allocates many GiB at once; on a GPU shared "
+                                       "by workers it waits for its turn (harness/gpus.py)")
     worker = hasattr(config, "workerinput")
     os.environ["KERNELCHECK_MEMORY_GUARD"] = "1" if config.getoption("memory_guard") == "on" else "0"
     gpu_option, shard_option = config.getoption("gpus"), config.getoption("shard")
@@ -343,6 +347,9 @@ def pytest_configure(config):
             _plan_gpus(config, st, wanted)
     if chosen.name == "gpu":
         st.gpu_sharers = config.workerinput.get(gpus.SHARERS_INPUT, 1) if worker else 1
+        if st.gpu_sharers > 1:
+            st.memory_turns = gpus.MemoryTurns(tempfile.gettempdir(), config.workerinput["testrunuid"],
+                                               config.workerinput.get(gpus.WORKER_INPUT, "0"))
     config.stash[_STATE] = st
     config.pluginmanager.register(Recorder(config, config.stash[_STATE]), "kernelcheck-recorder")
     config.pluginmanager.register(timer, "kernelcheck-phases")
@@ -556,18 +563,39 @@ class GapHit(BaseException):
 _GAP_HIT = pytest.StashKey[str]()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A large-memory test on a GPU shared by workers waits for its turn (one at a time per GPU,
+    the others giving their cached memory back meanwhile) and for half the card to be free."""
+    turns = state(item.config).memory_turns
+    if turns is None or item.get_closest_marker(gpus.LARGE_MEMORY) is None:
+        return
+    import torch
+    torch.cuda.empty_cache()             # what this worker holds, before it waits for the others
+    turns.take()
+    total = torch.cuda.get_device_properties(0).total_memory
+    gpus.wait_for_free(lambda: torch.cuda.mem_get_info()[0], total // 2, timeout_s=120)
+
+
+@pytest.hookimpl(trylast=True)           # after the fixtures' teardown: their tensors are freed
 def pytest_runtest_teardown(item, nextitem):
     """A GPU worker gives its caching allocator's memory back when it holds more than its share
-    of the card (gpus.cache_limit), so the workers on one GPU never hold it all between them."""
+    of the card (gpus.cache_limit), so the workers on one GPU never hold it all between them, and
+    after every test while a large-memory test waits or runs; that test ends its turn here."""
     s = state(item.config)
     if not s.gpu_sharers:
         return
     import torch
     if not torch.cuda.is_initialized():
         return
+    turns = s.memory_turns
+    if turns is not None and turns.held:
+        torch.cuda.empty_cache()
+        turns.give_back()
+        return
     if not s.cache_limit:
         s.cache_limit = gpus.cache_limit(torch.cuda.get_device_properties(0).total_memory, s.gpu_sharers)
-    if torch.cuda.memory_reserved() > s.cache_limit:
+    if torch.cuda.memory_reserved() > s.cache_limit or (turns is not None and turns.wanted()):
         torch.cuda.empty_cache()
 
 

@@ -8,6 +8,9 @@ import pytest
 import torch
 
 import kernels
+from harness.gpus import LARGE_MEMORY
+
+pytestmark = getattr(pytest.mark, LARGE_MEMORY)      # one at a time on a GPU the workers share
 
 
 @pytest.mark.op("embedding")

@@ -285,6 +285,7 @@ def _judge_tail(got, inp, budget, where):
         assert check.passed, f"{OP} output {name}, {where}: {check.problem}"
 
 
+@pytest.mark.large_memory             # harness/gpus.py: one at a time on a shared GPU
 @pytest.mark.parametrize("op,dtype,config,layout", [
     pytest.param(OP, "float16", "huge", lay, id=lay, marks=pytest.mark.op(OP)) for lay in HUGE_LAYOUTS])
 def test_reads_and_writes_past_2_31_elements(op, dtype, config, layout, backend, budgets):

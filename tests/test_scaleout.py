@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections import Counter
 
 import pytest
@@ -53,6 +54,35 @@ def test_the_workers_on_one_gpu_keep_at_most_half_its_memory_cached_between_test
     h100 = 81559 * 2**20
     assert gpus.cache_limit(h100, 16) == h100 // 32
     assert gpus.cache_limit(h100, 1) == h100 // 2 and gpus.cache_limit(h100, 0) == h100 // 2
+
+
+def test_large_memory_tests_take_turns_per_gpu_and_the_others_see_one_wanted(tmp_path):
+    """One turn per (run, GPU): a second worker's take() blocks until the first gives it back;
+    the 'wanted' flag is up while a turn is held or waited for, so the other workers give their
+    cached memory back; another GPU, or another run, has its own turn."""
+    first, second = gpus.MemoryTurns(tmp_path, "run1", "0"), gpus.MemoryTurns(tmp_path, "run1", "0")
+    other_gpu, other_run = gpus.MemoryTurns(tmp_path, "run1", "1"), gpus.MemoryTurns(tmp_path, "run2", "0")
+    assert not first.wanted()
+    first.take()
+    assert first.held and second.wanted() and not other_gpu.wanted() and not other_run.wanted()
+    other_gpu.take()                                 # not blocked: another GPU
+    other_gpu.give_back()
+    got = threading.Event()
+    waiter = threading.Thread(target=lambda: (second.take(), got.set()))
+    waiter.start()
+    assert not got.wait(0.3), "a second worker took the GPU's turn while the first held it"
+    first.give_back()
+    assert got.wait(10) and second.held and first.wanted()     # the waiter took it, and wants it
+    second.give_back()
+    waiter.join()
+    assert not first.wanted() and not second.held
+    assert gpus.MemoryTurns(tmp_path, "r", "MIG-GPU-aa/1/0").lock_path.parent == tmp_path
+
+
+def test_waiting_for_free_memory_stops_when_it_is_free_or_at_the_timeout():
+    free = iter([1, 2, 5, 9])
+    assert gpus.wait_for_free(lambda: next(free), 5, timeout_s=10, poll_s=0) < 1
+    assert 0.2 <= gpus.wait_for_free(lambda: 0, 5, timeout_s=0.2, poll_s=0.05) < 2
 
 
 def test_the_gpus_option_picks_among_the_gpus_cuda_visible_devices_leaves():
