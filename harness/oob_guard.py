@@ -91,7 +91,9 @@ def install() -> None:
 
     def _init_args_hst(self, args_dev, kwargs):
         args_hst, kwargs_hst = orig_init_args(self, args_dev, kwargs)
-        _state.spans = _collect_spans(list(args_hst) + list(kwargs_hst.values()))
+        from kernels._launch import tensors_reached_through_pointers
+        _state.spans = _collect_spans(list(args_hst) + list(kwargs_hst.values()) +
+                                      list(tensors_reached_through_pointers()))
         _state.kernel = getattr(self.fn, "__name__", "?")
         return args_hst, kwargs_hst
 

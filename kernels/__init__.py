@@ -4,7 +4,7 @@ Import this package only after the backend is chosen: `triton.jit` decides at de
 whether a kernel is compiled for the GPU or run by the interpreter (TRITON_INTERPRET=1).
 """
 from kernels._launch import raise_deferred_errors
-from kernels.adamw import AdamW, adamw
+from kernels.adamw import AdamW, adamw, adamw_multi
 from kernels.activations import BiasGeluFunction, bias_gelu, bias_gelu_backward
 from kernels.attention import FlashAttentionFunction, decode_attention, flash_attention, flash_attention_backward
 from kernels.cross_entropy import FusedLinearCrossEntropyFunction, fused_linear_cross_entropy
@@ -20,4 +20,4 @@ from kernels.norms import (AddRMSNormFunction, LayerNormFunction, RMSNormFunctio
 from kernels.rope import RMSNormRoPEFunction, RoPEFunction, rmsnorm_rope, rmsnorm_rope_backward, rope, rope_backward
 from kernels.softmax import SoftmaxFunction, softmax, softmax_backward
 
-__all__ = ["AdamW", "AddRMSNormFunction", "BiasGeluFunction", "EmbeddingFunction", "FlashAttentionFunction", "FusedLinearCrossEntropyFunction", "LayerNormFunction", "RMSNormFunction", "RMSNormRoPEFunction", "RoPEFunction", "SoftmaxFunction", "SwiGLUFunction", "adamw", "add_rmsnorm", "add_rmsnorm_backward", "bias_gelu", "bias_gelu_backward", "decode_attention", "dequantize_mxfp4", "embedding", "embedding_backward", "flash_attention", "flash_attention_backward", "fp8_matmul", "fused_linear_cross_entropy", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "layernorm_backward", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_backward", "rmsnorm_rope", "rmsnorm_rope_backward", "rope", "rope_backward", "softmax", "softmax_backward", "swiglu", "swiglu_backward"]
+__all__ = ["AdamW", "AddRMSNormFunction", "BiasGeluFunction", "EmbeddingFunction", "FlashAttentionFunction", "FusedLinearCrossEntropyFunction", "LayerNormFunction", "RMSNormFunction", "RMSNormRoPEFunction", "RoPEFunction", "SoftmaxFunction", "SwiGLUFunction", "adamw", "adamw_multi", "add_rmsnorm", "add_rmsnorm_backward", "bias_gelu", "bias_gelu_backward", "decode_attention", "dequantize_mxfp4", "embedding", "embedding_backward", "flash_attention", "flash_attention_backward", "fp8_matmul", "fused_linear_cross_entropy", "gated_delta_rule", "gated_delta_rule_decode", "layernorm", "layernorm_backward", "matmul", "mla_decode", "moe", "moe_mxfp4", "moe_permute", "moe_route", "quantize_fp8", "quantize_mxfp4", "raise_deferred_errors", "rmsnorm", "rmsnorm_backward", "rmsnorm_rope", "rmsnorm_rope_backward", "rope", "rope_backward", "softmax", "softmax_backward", "swiglu", "swiglu_backward"]

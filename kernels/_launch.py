@@ -7,6 +7,7 @@ them instead, which reports through an error word (below: `validate=True / "defe
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -30,6 +31,26 @@ def interpreting() -> bool:
 
 def _fmt_dtype(dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+# Tensors that a launch reaches through a table of addresses (kernels/adamw.py's tensor lists),
+# not as arguments: the interpreter's out-of-bounds guard (harness/oob_guard.py) counts their
+# memory as the launch's own while a launcher holds them here.
+_through_pointers = threading.local()
+
+
+@contextlib.contextmanager
+def reached_through_pointers(tensors):
+    previous = getattr(_through_pointers, "tensors", ())
+    _through_pointers.tensors = tuple(tensors)
+    try:
+        yield
+    finally:
+        _through_pointers.tensors = previous
+
+
+def tensors_reached_through_pointers() -> tuple:
+    return getattr(_through_pointers, "tensors", ())
 
 
 def check_tensor(name: str, t, *, dtypes=FLOAT_DTYPES, ndim=None, min_ndim=None) -> None:

@@ -127,3 +127,56 @@ def test_bf16_rounding_is_round_to_nearest_even_bit_for_bit(backend):
         raise AssertionError(f"{int(bad.sum())} of {x.numel()} values rounded wrongly; first: fp32 bits "
                              f"{x.view(torch.int32)[i].item() & 0xFFFFFFFF:#010x} -> bf16 {got.view(torch.int16)[i].item() & 0xFFFF:#06x}, "
                              f"round-to-nearest-even gives {want.view(torch.int16)[i].item() & 0xFFFF:#06x}")
+
+
+def _state(shapes, dtypes, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    ps = [torch.randn(s, generator=g).to(d).to(device) for s, d in zip(shapes, dtypes)]
+    gs = [torch.randn(s, generator=g).to(d).to(device) for s, d in zip(shapes, dtypes)]
+    ms = [(0.1 * torch.randn(s, generator=g)).to(device) for s in shapes]
+    vs = [(0.01 * torch.randn(s, generator=g) ** 2).to(device) for s in shapes]
+    return ps, gs, ms, vs
+
+
+def test_one_launch_over_a_list_is_the_per_tensor_update_bit_for_bit(backend):
+    """adamw_multi (what AdamW.step runs) against adamw() tensor by tensor: fp32 and bf16
+    parameters mixed, sizes around the block (0, 1, 1023-1025, 3000), each tensor its own step
+    count (bias corrections differ), a non-contiguous list order of dtypes."""
+    f32, bf16 = torch.float32, torch.bfloat16
+    shapes = [(1023,), (0,), (3, 1000), (1,), (1024,), (5, 5), (1025,), (7,)]
+    dtypes = [f32, bf16, bf16, f32, f32, bf16, bf16, f32]
+    steps = [1, 1, 3, 1000, 2, 10**6, 1, 7]
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1)
+    many = _state(shapes, dtypes, backend.device, 3)
+    one = [[t.clone() for t in xs] for xs in many]
+    kernels.adamw_multi(*many, steps, **hyper)
+    for p, g, m, v, step in zip(*one, steps):
+        kernels.adamw(p, g, m, v, step, **hyper)
+    for name, got, want in zip(("p", "g", "m", "v"), many, one):
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a.view(torch.int8) if a.numel() else a, b.view(torch.int8) if b.numel() else b), \
+                f"{name}[{i}] ({tuple(a.shape)}, {a.dtype}, step {steps[i]}): the list update differs from adamw()"
+
+
+def test_list_arguments_are_named_with_their_index(backend):
+    d = backend.device
+    ps, gs, ms, vs = _state([(8,), (4,)], [torch.float32, torch.float32], d, 0)
+    with pytest.raises(ValueError, match=r"grads: expected 2 entries"):
+        kernels.adamw_multi(ps, gs[:1], ms, vs, [1, 1])
+    with pytest.raises(ValueError, match=r"grads\[1\]: expected the shape of params\[1\]"):
+        kernels.adamw_multi(ps, [gs[0], gs[0]], ms, vs, [1, 1])
+    with pytest.raises(TypeError, match=r"exp_avgs\[0\]: expected dtype float32"):
+        kernels.adamw_multi(ps, gs, [ms[0].bfloat16(), ms[1]], vs, [1, 1])
+    with pytest.raises(ValueError, match=r"steps\[1\]: expected an int >= 1"):
+        kernels.adamw_multi(ps, gs, ms, vs, [1, 0])
+    with pytest.raises(TypeError, match=r"params: expected a list"):
+        kernels.adamw_multi(ps[0], gs, ms, vs, [1, 1])
+    kernels.adamw_multi([], [], [], [], [])                      # nothing to do
+
+
+def test_the_optimizer_names_a_bad_gradient(backend):
+    ps = _params(backend.device, torch.float32)
+    opt = kernels.AdamW(ps, **HYPER)
+    ps[0].grad = torch.zeros(ps[0].shape[::-1], device=backend.device).t()
+    with pytest.raises(ValueError, match="grad: expected a contiguous tensor"):
+        opt.step()

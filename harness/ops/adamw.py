@@ -23,10 +23,24 @@ HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay")
 DEFAULTS = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2)
 
 
+# tensor_list: the case's tensor cut into pieces of these sizes (in turn, the last one cut short)
+# and updated as a list in one launch (kernels.adamw_multi, what the AdamW optimizer runs).
+PIECES = (1, 1023, 1025, 1024, 3)
+
+
+def pieces(n: int) -> list:
+    out, i = [], 0
+    while sum(out) < n:
+        out.append(min(PIECES[i % len(PIECES)], n - sum(out)))
+        i += 1
+    return out
+
+
 class AdamW(Op):
     name = "adamw"
     dtypes = ("float32", "bfloat16")
     outputs = ("p", "m", "v")
+    configs = {"auto": {}, "tensor_list": {"tensor_list": True}}
 
     def inputs(self, case, device):
         gen = case.generator()
@@ -60,7 +74,12 @@ class AdamW(Op):
         m.copy_(inp["m"])
         v.copy_(inp["v"])
         for t, g in enumerate(inp["grads"]):
-            kernels.adamw(p, g, m, v, inp["step0"] + t, *(inp[k] for k in HYPER))
+            if config.get("tensor_list"):
+                sizes = pieces(p.numel())
+                lists = [list(x.reshape(-1).split(sizes)) for x in (p, g, m, v)]
+                kernels.adamw_multi(*lists, [inp["step0"] + t] * len(sizes), *(inp[k] for k in HYPER))
+            else:
+                kernels.adamw(p, g, m, v, inp["step0"] + t, *(inp[k] for k in HYPER))
         return p, m, v
 
     def reference(self, inp):
@@ -120,6 +139,11 @@ class AdamW(Op):
                 case(values="nonfinite", steps=2, seed=16),
                 case(shape=(1,), seed=17), case(shape=(1024,), seed=18), case(shape=(1025,), seed=19),
                 case(shape=(3, 5, 7), seed=20), case(shape=(0,), seed=21)]
+        # The list update: pieces of 1, 1023, 1025, 1024 and 3 elements in one launch.
+        out += [case(config="tensor_list", steps=10, seed=30, lr=1e-2, weight_decay=0.1),
+                case(config="tensor_list", shape=(5000,), seed=31), case(config="tensor_list", shape=(3, 5, 7), seed=32),
+                case(config="tensor_list", shape=(0,), seed=33), case(config="tensor_list", step0=10**6, seed=34),
+                case(config="tensor_list", values="nonfinite", steps=2, seed=35)]
         return out
 
 
