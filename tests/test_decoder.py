@@ -247,8 +247,8 @@ def test_cuda_graph_prefill_matches_the_oracle(op, dtype, config, cache, backend
 @pytest.mark.parametrize("op,dtype,config", _graph_params("bfloat16"))
 def test_cuda_graph_capture_after_dead_graphs(op, dtype, config, backend):
     """A dropped model frees its prefill graphs at once (they do not hold it: no reference
-    cycle), and a capture collects cyclic garbage first and pauses the collector: a CUDA graph
-    destroyed inside another's capture invalidates that capture (models/capture.py)."""
+    cycle), and no garbage collection runs inside a capture, however much garbage it makes: a
+    CUDA graph destroyed inside another's capture invalidates that capture (models/capture.py)."""
     from models.capture import capture
 
     inp = _inputs(_case(dtype, shape=(2, 32, 4, 2, 8, 64, 96), seed=12, lens="5,5", steps=1), backend)
@@ -268,13 +268,30 @@ def test_cuda_graph_capture_after_dead_graphs(op, dtype, config, backend):
         x.add_(1)
     dead = weakref.ref(held)
     del held
+    collections = []
+
+    def note(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+    gc.callbacks.append(note)
     graph = torch.cuda.CUDAGraph()
-    with capture(graph):
-        inside = (dead() is None, gc.isenabled())
-        x.mul_(2)
+    try:
+        with capture(graph):
+            enabled_inside = gc.isenabled()
+            junk = []
+            for _ in range(20_000):      # cycles enough to set off the collector, were it on
+                cycle = []
+                cycle.append(cycle)
+                junk.append(cycle)
+            del junk
+            x.mul_(2)
+    finally:
+        gc.callbacks.remove(note)
     graph.replay()
     torch.cuda.synchronize()
-    assert inside == (True, False), "the dead graph was not collected before the capture, or the collector ran in it"
+    assert not enabled_inside and collections == [], f"the collector ran inside a capture: generations {collections}"
+    gc.collect()
+    assert dead() is None                # collected afterwards, outside the capture
     assert gc.isenabled() and x.tolist() == [2.0] * 4
 
 
