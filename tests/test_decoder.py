@@ -268,15 +268,16 @@ def test_cuda_graph_capture_after_dead_graphs(op, dtype, config, backend):
         x.add_(1)
     dead = weakref.ref(held)
     del held
-    collections = []
+    inside, collections = [False], []
 
     def note(phase, info):
-        if phase == "start":
+        if phase == "start" and inside[0]:
             collections.append(info["generation"])
     gc.callbacks.append(note)
     graph = torch.cuda.CUDAGraph()
     try:
         with capture(graph):
+            inside[0] = True
             enabled_inside = gc.isenabled()
             junk = []
             for _ in range(20_000):      # cycles enough to set off the collector, were it on
@@ -285,6 +286,7 @@ def test_cuda_graph_capture_after_dead_graphs(op, dtype, config, backend):
                 junk.append(cycle)
             del junk
             x.mul_(2)
+            inside[0] = False            # the collection owed runs after the capture, outside
     finally:
         gc.callbacks.remove(note)
     graph.replay()
