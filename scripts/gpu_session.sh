@@ -3,7 +3,8 @@
 # profile with its audit, then the benchmark. Everything lands in $OUT.
 #   OUT=/tmp/out bash scripts/gpu_session.sh [extra pytest args]
 #   (SKIP_SUITE=1, EXPLORE="rowops rope attention", BENCHES="foundation attention adamw" or BENCHES= for none,
-#    WORKERS (default auto), SUITE_TIMEOUT, TEST_TIMEOUT)
+#    WORKERS (default auto), SUITE_TIMEOUT, TEST_TIMEOUT, KERNELCHECK_COMPILE_LOG: a compile log,
+#    summarised and compressed with the audit at the end)
 set -uo pipefail
 OUT=${OUT:-/tmp/kernelcheck-out}
 mkdir -p "$OUT"
@@ -28,6 +29,13 @@ if [ "${SKIP_SUITE:-0}" != 1 ]; then
   sed -n '/kernelcheck phases/,/top ops/p' "$OUT/pytest_gpu.log"
   grep -E "^[0-9.]+s call" "$OUT/pytest_gpu.log" | head -5
   sed -n '/kernelcheck audit/,$p' "$OUT/pytest_gpu.log" | head -40
+  if [ -n "${KERNELCHECK_COMPILE_LOG:-}" ] && [ -f "$KERNELCHECK_COMPILE_LOG" ]; then
+    python3 scripts/compile_log_summary.py "$KERNELCHECK_COMPILE_LOG" > "$OUT/compile-summary.txt" 2>&1
+    head -3 "$OUT/compile-summary.txt"
+  fi
+  # The audit (tens of MB) and the compile log come back compressed; harness.audit reads .gz.
+  gzip -f "$OUT/audit_gpu.json" 2>/dev/null
+  [ -n "${KERNELCHECK_COMPILE_LOG:-}" ] && gzip -f "$KERNELCHECK_COMPILE_LOG" 2>/dev/null
 fi
 # EXPLORE: which of bench/explore_<name>.py to run (none by default).
 for name in ${EXPLORE:-}; do
