@@ -252,6 +252,8 @@ class AdamW(torch.optim.Optimizer):
                             raise ValueError(f"{key}: expected the shape of its parameter {tuple(p.shape)}, "
                                              f"got {tuple(t.shape)}")
                         state[key] = t.to(p.device, torch.float32, memory_format=torch.contiguous_format)
+                if state["step"].device.type != "cpu":      # torch's fused AdamW keeps it on the device
+                    state["step"] = state["step"].cpu()     # (read back once, not every step)
                 state["step"] += 1
                 ps.append(p)
                 gs.append(g)
