@@ -88,10 +88,12 @@ def _check_hyper(lr, beta1, beta2, eps, weight_decay):
     return lr, float(beta1), float(beta2), eps, weight_decay
 
 
+_LIST_NAMES = {"p": "params", "g": "grads", "m": "exp_avgs", "v": "exp_avg_sqs", "step": "steps"}   # adamw_multi's
+
+
 def _check_one(p, g, m, v, step, index: str = "") -> None:
     """The arguments of one update; `index` ("[3]") follows each name in a list's errors."""
-    names = {k: ("params", "grads", "exp_avgs", "exp_avg_sqs", "steps")[i] + index if index else k
-             for i, k in enumerate(("p", "g", "m", "v", "step"))}
+    names = {k: f"{plural}{index}" if index else k for k, plural in _LIST_NAMES.items()}
     check_tensor(names["p"], p, dtypes=PARAM_DTYPES)
     check_tensor(names["g"], g, dtypes=(p.dtype,))
     check_tensor(names["m"], m, dtypes=(torch.float32,))
@@ -212,12 +214,34 @@ def _fmt(dtype) -> str:
 
 class AdamW(torch.optim.Optimizer):
     """A drop-in torch.optim.AdamW (no amsgrad, no maximize) whose step is one fused kernel
-    launch per parameter group and dtype (adamw_multi). The state keys match torch's ("step", "exp_avg", "exp_avg_sq"), so state
-    dicts move between the two; exp_avg and exp_avg_sq are fp32 whatever the parameter dtype."""
+    launch per parameter group and dtype (adamw_multi). The state keys match torch's ("step",
+    "exp_avg", "exp_avg_sq"), so state dicts move between the two; exp_avg and exp_avg_sq are
+    fp32 whatever the parameter dtype."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
         lr, beta1, beta2, eps, weight_decay = _check_hyper(lr, betas[0], betas[1], eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay))
+
+    def _state_of(self, p) -> dict:
+        """p's state, made at its first step: the moments fp32, contiguous, on p's device (a
+        state loaded from torch's AdamW may hold others), the step count on the host."""
+        state = self.state[p]
+        if not state:
+            check_tensor("p", p, dtypes=PARAM_DTYPES)
+            if not p.is_contiguous():
+                raise ValueError(f"p: expected a contiguous parameter, got strides {tuple(p.stride())}")
+            state["step"] = torch.tensor(0.0)
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+        for key in ("exp_avg", "exp_avg_sq"):
+            t = state[key]
+            if t.shape != p.shape:
+                raise ValueError(f"{key}: expected the shape of its parameter {tuple(p.shape)}, got {tuple(t.shape)}")
+            if t.dtype != torch.float32 or not t.is_contiguous() or t.device != p.device:
+                state[key] = t.to(p.device, torch.float32, memory_format=torch.contiguous_format)
+        if state["step"].device.type != "cpu":      # torch's fused AdamW keeps it on the device:
+            state["step"] = state["step"].cpu()     # read back once, not at every step
+        return state
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -236,24 +260,7 @@ class AdamW(torch.optim.Optimizer):
                     raise ValueError("grad: sparse gradients are not supported")
                 if g.dtype != p.dtype or g.shape != p.shape or g.device != p.device or not g.is_contiguous():
                     _check_grad(p, g)
-                state = self.state[p]
-                if not state:
-                    check_tensor("p", p, dtypes=PARAM_DTYPES)
-                    if not p.is_contiguous():
-                        raise ValueError(f"p: expected a contiguous parameter, got strides {tuple(p.stride())}")
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32,
-                                                           memory_format=torch.contiguous_format)
-                for key in ("exp_avg", "exp_avg_sq"):     # e.g. a bf16 state from torch's AdamW
-                    t = state[key]
-                    if t.dtype != torch.float32 or not t.is_contiguous() or t.device != p.device or t.shape != p.shape:
-                        if t.shape != p.shape:
-                            raise ValueError(f"{key}: expected the shape of its parameter {tuple(p.shape)}, "
-                                             f"got {tuple(t.shape)}")
-                        state[key] = t.to(p.device, torch.float32, memory_format=torch.contiguous_format)
-                if state["step"].device.type != "cpu":      # torch's fused AdamW keeps it on the device
-                    state["step"] = state["step"].cpu()     # (read back once, not every step)
+                state = self._state_of(p)
                 state["step"] += 1
                 ps.append(p)
                 gs.append(g)
