@@ -46,3 +46,8 @@ for name in ${BENCHES-foundation attention adamw}; do
   timeout "${BENCH_TIMEOUT:-200}" python3 "bench/bench_$name.py" --out "$OUT" > "$OUT/bench_$name.log" 2>&1
   echo "bench $name exit $?"; tail -30 "$OUT/bench_$name.log"
 done
+# The device tool brings back at most 8 files: the small ones travel as one archive
+# (tar xzf session.tar.gz), the audit and compile log beside it.
+( cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.gz' ! -name .small -size -4M -printf '%f\n' | sort > .small \
+  && [ -s .small ] && tar czf session.tar.gz -T .small && xargs rm -f < .small; rm -f .small )
+ls "$OUT"
