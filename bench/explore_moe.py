@@ -71,7 +71,7 @@ def best_of(ts):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan
+    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route
     ap.add_argument("--decode-tiles", default=None, metavar="UPN,UPK,DNN,DNK,WARPS,STAGES;...",
                     help="the decode part's pointer tiles to sweep (default: four built in)")
     ap.add_argument("--loose-capacity", action="store_true",
@@ -251,6 +251,38 @@ def main():
                 print(f"{name} decode T{Td} moe_permute as called {ms * 1e3:.1f} us", flush=True)
             del x, w13, w2
             torch.cuda.empty_cache()
+
+    if "route" in parts:
+        # moe_mxfp4's two routes for 16-bit x: widening in the GEMMs vs dequantizing first and moe's
+        # TMA GEMMs (km._MXFP4_DEQUANT), over T, balanced routing, plus the profile of the latter.
+        base = dict(km._MXFP4_DEQUANT)
+        for name in SHAPES:
+            E, k, H, I = SHAPES[name]
+            for Tr in (64, 256, 512, 1024, 2048, 8192):
+                x, w13, w2, ids, tw = setup(name, Tr)
+                if Tr < 1024:                     # balanced, as setup does from T 1024
+                    ids = (torch.arange(Tr * k, device=x.device) % E).reshape(Tr, k).to(torch.int32)
+                q13, s13 = kernels.quantize_mxfp4(w13)
+                q2, s2 = kernels.quantize_mxfp4(w2)
+                del w13, w2
+                flops = 2 * Tr * k * 3 * I * H
+                res = {}
+                for route, min_rows in (("widen", 1 << 30), ("dequant", 1)):
+                    km._MXFP4_DEQUANT.update(min_rows=min_rows)
+                    ms = bench(lambda: kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False))
+                    res[route] = kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False).float()
+                    print(f"route {name} T{Tr} {route} {ms:.3f} ms {tflops(flops, ms):.0f} TFLOP/s "
+                          f"({Tr * k / E:.0f} rows an expert)", flush=True)
+                diff = (res["widen"] - res["dequant"]).abs().max().item() / res["widen"].abs().max().item()
+                print(f"route {name} T{Tr} max rel diff widen vs dequant {diff:.2e}", flush=True)
+                if Tr == 8192:
+                    per = profile(lambda: kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False))
+                    print(f"route {name} T{Tr} dequant profile {sum(per.values()):.3f} ms: " +
+                          ", ".join(f"{kk} {v:.3f}" for kk, v in sorted(per.items(), key=lambda kv: -kv[1])),
+                          flush=True)
+                km._MXFP4_DEQUANT.update(base)
+                del q13, s13, q2, s2
+                torch.cuda.empty_cache()
 
     if "mxfp4" in parts:
         base = dict(km._MXFP4_TILES)

@@ -450,22 +450,39 @@ def _moe_gather_kernel(x_ptr, xs_ptr, sorted_ptr, num_ptr, N_ENTRIES, K_SLOTS, H
 
 
 @triton.jit
-def _moe_up_tma_kernel(xs_desc, x_ptr, sorted_ptr, w_desc, h_desc, block_expert_ptr, num_ptr, N_ENTRIES, K_SLOTS,
-                       H, I, sx0, sx1, NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, GATHER: tl.constexpr):
+def _tma_blocks(num_ptr, range_ptr, BLOCK_M: tl.constexpr, RANGED: tl.constexpr):
+    """(first row block, row blocks) the TMA GEMMs walk: every block in use (num_ptr: the padded
+    slots), or RANGED, [range_ptr[0], range_ptr[1])."""
+    if RANGED:
+        first = tl.load(range_ptr)
+        used = tl.load(range_ptr + 1) - first
+    else:
+        first = 0
+        used = tl.load(num_ptr) // BLOCK_M
+    return first, used
+
+
+@triton.jit(do_not_specialize=["E_BASE"])
+def _moe_up_tma_kernel(xs_desc, x_ptr, sorted_ptr, w_desc, h_desc, block_expert_ptr, num_ptr, range_ptr, E_BASE,
+                       N_ENTRIES, K_SLOTS, H, I, sx0, sx1, NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, GATHER: tl.constexpr,
+                       RANGED: tl.constexpr):
     """The up GEMM, Hopper style (kernels/gemm.py's _gemm_tma_kernel, grouped by expert): a
     persistent walk over the output tiles of the row blocks in use. w_desc views w13 as
     [2E, I, H], so one [2, BLOCK_N, BLOCK_K] box at [2e, n, k] holds expert e's gate and up rows
     and one BLOCK_M x 2 BLOCK_N accumulator takes both. TMA reads zeros past I and H. GATHER: the
     rows of x are gathered here by the tile's token ids (pointer loads; Hopper's TMA has no
-    gather), else read from xs, x already gathered in slot order."""
-    used = tl.load(num_ptr) // BLOCK_M
+    gather), else read from xs, x already gathered in slot order. RANGED: only the row blocks
+    [range_ptr[0], range_ptr[1]), whose experts are E_BASE onwards, w_desc's first (a chunk of
+    the experts, moe_mxfp4's dequantized weights); else every block in use."""
+    first, used = _tma_blocks(num_ptr, range_ptr, BLOCK_M, RANGED)
     num_tiles = used * tl.cdiv(I, BLOCK_N)
     k_tiles = tl.cdiv(H, BLOCK_K)
     ks = tl.arange(0, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = grouped_tile(tile, used * BLOCK_M, I, BLOCK_M, BLOCK_N, GROUP_M)
-        e = tl.load(block_expert_ptr + pid_m)
+        pid_m += first
+        e = tl.load(block_expert_ptr + pid_m) - E_BASE
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         if GATHER:
@@ -486,19 +503,21 @@ def _moe_up_tma_kernel(xs_desc, x_ptr, sorted_ptr, w_desc, h_desc, block_expert_
         h_desc.store([off_m, off_n], h.to(h_desc.dtype))
 
 
-@triton.jit
-def _moe_down_tma_kernel(h_desc, w_desc, buf_desc, H, I, block_expert_ptr, num_ptr, NUM_PROGRAMS: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr):
+@triton.jit(do_not_specialize=["E_BASE"])
+def _moe_down_tma_kernel(h_desc, w_desc, buf_desc, H, I, block_expert_ptr, num_ptr, range_ptr, E_BASE,
+                         NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, RANGED: tl.constexpr):
     """The down GEMM on the TMA path: h's row blocks times expert e's w2 (a [1, BLOCK_N, BLOCK_K]
     box of w2 [E, H, I]), stored in fp32 at the same slots of the [slots, H] buffer by TMA
-    (asynchronous: the next tile's loads overlap it), in the buffer's dtype."""
-    used = tl.load(num_ptr) // BLOCK_M
+    (asynchronous: the next tile's loads overlap it), in the buffer's dtype. RANGED as the up
+    kernel's."""
+    first, used = _tma_blocks(num_ptr, range_ptr, BLOCK_M, RANGED)
     num_tiles = used * tl.cdiv(H, BLOCK_N)
     k_tiles = tl.cdiv(I, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = grouped_tile(tile, used * BLOCK_M, H, BLOCK_M, BLOCK_N, GROUP_M)
-        e = tl.load(block_expert_ptr + pid_m)
+        pid_m += first
+        e = tl.load(block_expert_ptr + pid_m) - E_BASE
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -628,12 +647,15 @@ _GATHER_MAX_N_TILES = 8
 _PARTIALS_IN_BF16 = True
 
 
-def _moe_tma(x, w13, w2, sorted_ids, block_expert, num, inv, bm):
+def _moe_tma(x, I, sorted_ids, block_expert, num, inv, bm, parts, *, ranged=False, partial_dtype=None):
     """The two GEMMs on the TMA path: x's rows gathered into slot order (by the up kernel itself
     or by the gather kernel first), the persistent up kernel, then the down kernel. Returns the
-    [slots, H] buffer of the down GEMM (fp32, or bf16 for bf16 inputs)."""
+    [slots, H] buffer of the down GEMM (`partial_dtype`; by default fp32, or bf16 for bf16 inputs).
+    parts: (w13, w2, first expert, row blocks) of each chunk of the experts, in order. One part
+    of every expert (moe: first expert 0, row blocks ignored), or, `ranged`, chunks whose row
+    blocks are a device int32 [2] (moe_mxfp4's dequantized weights): each chunk's GEMMs run on
+    its own blocks alone."""
     T, H = x.shape
-    E, I = w2.shape[0], w2.shape[2]
     N = inv.numel()                                 # T k
     rows = block_expert.shape[0] * bm
     t = _TMA_TILES if not interpreting() else dict(up_n=16, up_k=16, up_stages=1, down_n=16, down_k=16,
@@ -641,11 +663,13 @@ def _moe_tma(x, w13, w2, sorted_ids, block_expert, num, inv, bm):
 
     def fit(cap, n):
         return min(cap, max(16, triton.next_power_of_2(n)))
-    bn, bk = fit(t["up_n"], I), fit(t["up_k"], H)
+    bn_up, bk_up = fit(t["up_n"], I), fit(t["up_k"], H)
+    bn_dn, bk_dn = fit(t["down_n"], H), fit(t["down_k"], I)
     h = allocate((rows, I), x.dtype, x.device, name="h")
-    partial_dtype = torch.bfloat16 if _PARTIALS_IN_BF16 and x.dtype == torch.bfloat16 else torch.float32
+    if partial_dtype is None:
+        partial_dtype = torch.bfloat16 if _PARTIALS_IN_BF16 and x.dtype == torch.bfloat16 else torch.float32
     buf = allocate((rows, H), partial_dtype, x.device, name="moe_partial")
-    gather = triton.cdiv(I, bn) <= _GATHER_MAX_N_TILES
+    gather = triton.cdiv(I, bn_up) <= _GATHER_MAX_N_TILES
     if gather:
         xs_d = None
     else:
@@ -653,22 +677,24 @@ def _moe_tma(x, w13, w2, sorted_ids, block_expert, num, inv, bm):
         block_s, block_h = 16, min(512, max(16, triton.next_power_of_2(H)))
         _moe_gather_kernel[(triton.cdiv(rows, block_s), triton.cdiv(H, block_h))](
             x, xs, sorted_ids, num, N, N // T, H, x.stride(0), x.stride(1), BLOCK_S=block_s, BLOCK_H=block_h)
-        xs_d = TensorDescriptor.from_tensor(xs, [bm, bk])
-    w13_d = TensorDescriptor(w13, [2 * E, I, H], [I * H, H, 1], [2, bn, bk])
-    h_d = TensorDescriptor.from_tensor(h, [bm, bn])
-    programs = _tma_programs(x.device, block_expert.shape[0] * triton.cdiv(I, bn))
-    _moe_up_tma_kernel[(programs,)](xs_d, x, sorted_ids, w13_d, h_d, block_expert, num, N, N // T, H, I,
-                                    x.stride(0), x.stride(1), NUM_PROGRAMS=programs,
-                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=t["group_m"], GATHER=gather,
-                                    num_warps=t["warps"], num_stages=t["up_stages"])
-    bn, bk = fit(t["down_n"], H), fit(t["down_k"], I)
-    h_d = TensorDescriptor.from_tensor(h, [bm, bk])
-    w2_d = TensorDescriptor.from_tensor(w2, [1, bn, bk])
-    buf_d = TensorDescriptor.from_tensor(buf, [bm, bn])
-    programs = _tma_programs(x.device, block_expert.shape[0] * triton.cdiv(H, bn))
-    _moe_down_tma_kernel[(programs,)](h_d, w2_d, buf_d, H, I, block_expert, num, NUM_PROGRAMS=programs,
-                                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=t["group_m"],
-                                      num_warps=t["warps"], num_stages=t["down_stages"])
+        xs_d = TensorDescriptor.from_tensor(xs, [bm, bk_up])
+    h_up_d = TensorDescriptor.from_tensor(h, [bm, bn_up])
+    h_dn_d = TensorDescriptor.from_tensor(h, [bm, bk_dn])
+    buf_d = TensorDescriptor.from_tensor(buf, [bm, bn_dn])
+    programs_up = _tma_programs(x.device, block_expert.shape[0] * triton.cdiv(I, bn_up))
+    programs_dn = _tma_programs(x.device, block_expert.shape[0] * triton.cdiv(H, bn_dn))
+    for w13_c, w2_c, e_base, block_range in parts:
+        w13_d = TensorDescriptor(w13_c, [2 * w13_c.shape[0], I, H], [I * H, H, 1], [2, bn_up, bk_up])
+        _moe_up_tma_kernel[(programs_up,)](xs_d, x, sorted_ids, w13_d, h_up_d, block_expert, num, block_range, e_base,
+                                           N, N // T, H, I, x.stride(0), x.stride(1), NUM_PROGRAMS=programs_up,
+                                           BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, GROUP_M=t["group_m"],
+                                           GATHER=gather, RANGED=ranged,
+                                           num_warps=t["warps"], num_stages=t["up_stages"])
+        w2_d = TensorDescriptor.from_tensor(w2_c, [1, bn_dn, bk_dn])
+        _moe_down_tma_kernel[(programs_dn,)](h_dn_d, w2_d, buf_d, H, I, block_expert, num, block_range, e_base,
+                                             NUM_PROGRAMS=programs_dn, BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn,
+                                             GROUP_M=t["group_m"], RANGED=ranged,
+                                             num_warps=t["warps"], num_stages=t["down_stages"])
     return buf
 
 
@@ -766,7 +792,7 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
     bm = _tma_block_m(T, K, E, block_m) if _use_tma(x, w13, w2, T, K, E, block_m) else None
     sorted_ids, block_expert, num, inv = moe_permute(topk_ids, E, bm or _moe_blocks(T, K, E, H, I, block_m)[0])
     if bm is not None:
-        buf = _moe_tma(x, w13, w2, sorted_ids, block_expert, num, inv, bm)
+        buf = _moe_tma(x, I, sorted_ids, block_expert, num, inv, bm, [(w13, w2, 0, num)])
     else:
         buf = _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m)
     _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe")
@@ -779,7 +805,7 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
 # registers; moe_permute, the fp32 [slots, H] buffer and the combine are shared with moe above.
 # =============================================================================================
 
-from kernels.mxfp4 import BLOCK as MXFP4_BLOCK, _mxfp4_decode  # noqa: E402  (this section's own import)
+from kernels.mxfp4 import BLOCK as MXFP4_BLOCK, _mxfp4_decode, dequantize_mxfp4  # noqa: E402  (this section's own import)
 
 # The GEMM operand dtype (x's) and how a weight tile reaches it: decoded here (fp32, fp16, bf16) or
 # widened by tl.dot_scaled (bf16 on a GPU, _MXFP4_TILES["scaled"]).
@@ -971,6 +997,59 @@ def _moe_mxfp4_blocks(T, K, E, H, I, block_m):
     return block_m, bn_up, bk_up, bn_dn, bk_dn
 
 
+# Prefill-sized 16-bit calls dequantize instead. There every weight serves many rows, and widening
+# it inside the GEMMs above (on the CUDA cores, once per row block) bounds their speed: 180 TFLOP/s
+# for Mixtral at T 8192 on the H200, the bf16 layer 640 (bench/NOTES.md). So the experts' weights
+# are dequantized once into x's dtype, exactly as the contract decodes them (exact in bf16, rounded
+# once in fp16: dequantize_mxfp4), a chunk of experts at a time within `scratch` bytes, and moe's
+# TMA GEMMs run on each chunk's row blocks, with fp32 partials (this layer's budgets count two
+# roundings, h and y). min_rows: the average entries per expert from which a GPU call takes this
+# route (the interpreter's: 4, so its small cases take both). H200, bf16, balanced routing
+# (bench/explore_moe.py --part route): Mixtral T 8192 28.9 -> 9.96 ms, Qwen3-MoE 3.50 -> 2.21;
+# the routes cross at 200-256 rows an expert (Mixtral 256: 3.72 / 3.44 ms, 128: 1.94 / 3.13).
+_MXFP4_DEQUANT = dict(min_rows=256, scratch=1 << 30)
+
+
+def _mxfp4_dequantizes(x, T, K, E, block_m):
+    """Whether moe_mxfp4 dequantizes the weights and runs moe's TMA GEMMs (see _MXFP4_DEQUANT)."""
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if interpreting():
+        return T * K >= 4 * E
+    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] < 9:
+        return False
+    return (block_m is None or block_m >= 64) and T * K >= _MXFP4_DEQUANT["min_rows"] * E
+
+
+def _mxfp4_dequantized(x, I, w13_q, w13_scales, w2_q, w2_scales, sorted_ids, block_expert, num, inv, bm):
+    """The down GEMM's fp32 [slots, H] buffer of moe_mxfp4 on the dequantizing route: chunks of
+    c experts dequantized into one scratch pair (the stream orders each chunk's GEMMs before the
+    next chunk overwrites it); a chunk's row blocks are found on the device (block_expert is
+    ascending over the blocks in use, -1 after them), so nothing waits for the host."""
+    E, H = w13_q.shape[0], x.shape[1]
+    c = max(1, min(E, _MXFP4_DEQUANT["scratch"] // (3 * H * I * x.element_size())))
+    w13 = allocate((c, 2 * I, H), x.dtype, x.device, name="w13_dequantized")
+    w2 = allocate((c, H, I), x.dtype, x.device, name="w2_dequantized")
+    if c == E:
+        dequantize_mxfp4(w13_q, w13_scales, x.dtype, out=w13)
+        dequantize_mxfp4(w2_q, w2_scales, x.dtype, out=w2)
+        return _moe_tma(x, I, sorted_ids, block_expert, num, inv, bm, [(w13, w2, 0, num)],
+                        partial_dtype=torch.float32)
+    firsts = list(range(0, E, c))
+    key = torch.where(block_expert < 0, E, block_expert)
+    edges = torch.tensor(firsts + [E], dtype=key.dtype, device=key.device)
+    bounds = torch.searchsorted(key, edges).to(torch.int32)
+
+    def parts():
+        for i, e0 in enumerate(firsts):
+            n = min(E, e0 + c) - e0
+            dequantize_mxfp4(w13_q[e0:e0 + n], w13_scales[e0:e0 + n], x.dtype, out=w13[:n])
+            dequantize_mxfp4(w2_q[e0:e0 + n], w2_scales[e0:e0 + n], x.dtype, out=w2[:n])
+            yield w13[:n], w2[:n], e0, bounds[i:i + 2]
+    return _moe_tma(x, I, sorted_ids, block_expert, num, inv, bm, parts(), ranged=True,
+                    partial_dtype=torch.float32)
+
+
 def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2_q: torch.Tensor,
               w2_scales: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
               block_m: int | None = None, out: torch.Tensor | None = None, validate: bool | str = True) -> torch.Tensor:
@@ -1024,6 +1103,12 @@ def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2
     K = topk_ids.shape[1]
     out = new_out(out, (T, H), x.dtype, x.device)
     if T == 0:
+        return out
+    if _mxfp4_dequantizes(x, T, K, E, block_m):
+        bm = _tma_block_m(T, K, E, block_m)
+        sorted_ids, block_expert, num, inv = moe_permute(topk_ids, E, bm)
+        buf = _mxfp4_dequantized(x, I, w13_q, w13_scales, w2_q, w2_scales, sorted_ids, block_expert, num, inv, bm)
+        _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
         return out
     bm, bn_up, bk_up, bn_dn, bk_dn = _moe_mxfp4_blocks(T, K, E, H, I, block_m)
     sorted_ids, block_expert, _, inv = moe_permute(topk_ids, E, bm)
