@@ -68,8 +68,8 @@ ROUTING = {
               "half of all entries on the hot experts, each of them at T entries (the most a distinct top-k allows)",
     "random": "each token's k experts: the top k of E uniform draws (seeded by the row), so distinct",
 }
-PEERS = ("eager loop", "torch.compile", "dense bound (cuBLAS)", "ours", "ours, validate=deferred", "ours, validate=False", "ours, CUDA graph",
-         "ours mxfp4")
+PEERS = ("eager loop", "torch.compile", "dense bound (cuBLAS)", "ours", "ours, validate=deferred", "ours, validate=False",
+         "ours, CUDA graph", "ours mxfp4", "ours mxfp4, CUDA graph")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +258,10 @@ def run_row(tag, model, phase, kind, T, E, k, H, I, w13, w2, mx, mx_deq, copy):
         def ours_mx():
             return kernels.moe_mxfp4(x, mx[0], mx[1], mx[2], mx[3], ids, tw)
         fns["ours mxfp4"] = ours_mx
+        if ON_GPU and phase == "decode":
+            fns["ours mxfp4, CUDA graph"] = attempt(
+                f"{tag} ours mxfp4, CUDA graph (capture)",
+                lambda: cuda_graph(lambda: kernels.moe_mxfp4(x, mx[0], mx[1], mx[2], mx[3], ids, tw, validate=False)))
         y_mx = attempt(f"{tag} ours mxfp4 (check)", ours_mx)
         ref_mx = attempt(f"{tag} eager loop on dequantised mxfp4 (check)",
                          lambda: eager_moe(x, mx_deq[0], mx_deq[1], ids, tw)) if mx_deq is not None else None
@@ -271,7 +275,7 @@ def run_row(tag, model, phase, kind, T, E, k, H, I, w13, w2, mx, mx_deq, copy):
         ms = attempt(label, lambda: timed(fn)) if fn is not None else None
         peer = {"ms": ms}
         if ms:
-            nbytes = row["bytes_mxfp4"] if name == "ours mxfp4" else row["bytes"]
+            nbytes = row["bytes_mxfp4"] if name.startswith("ours mxfp4") else row["bytes"]
             peer["tflops"] = tflops(flops, ms)
             if phase == "decode" and not name.startswith("dense"):
                 peer["gbps"] = gbps(nbytes, ms)

@@ -286,11 +286,15 @@ def main():
 
     if "mxfp4" in parts:
         base = dict(km._MXFP4_TILES)
-        cfgs = [base, dict(base, scaled=True)] + [
+        # The widening route only (prefill-sized calls dequantize: --part route): decode rows
+        # and the route's largest (64 rows an expert), each tile in a CUDA graph.
+        cfgs = [base] + [
             dict(up_n=n_up, down_n=n_dn, k=kk, warps=w, stages=st, scaled=True)
-            for n_up, n_dn, kk, w, st in ((32, 32, 128, 4, 3), (32, 64, 256, 4, 3), (64, 64, 128, 8, 3),
-                                          (16, 32, 256, 4, 4), (32, 32, 256, 4, 4), (64, 64, 256, 4, 3))]
-        for name, Td in (("mixtral", 1), ("mixtral", 16), ("qwen3", 16), ("qwen3", 64)):
+            for n_up, n_dn, kk, w, st in ((64, 128, 128, 4, 3), (32, 32, 128, 1, 4), (64, 64, 128, 2, 4),
+                                          (32, 64, 128, 2, 4), (32, 32, 128, 2, 3), (32, 32, 128, 2, 5),
+                                          (32, 32, 64, 2, 4), (16, 16, 128, 1, 4), (16, 32, 128, 1, 4))]
+        for name, Td in (("mixtral", 1), ("mixtral", 16), ("mixtral", 64), ("mixtral", 256), ("qwen3", 1),
+                         ("qwen3", 16), ("qwen3", 64), ("qwen3", 1024)):
             E, k, H, I = SHAPES[name]
             x, w13, w2, ids, tw = setup(name, Td, seed=Td)
             q13, s13 = kernels.quantize_mxfp4(w13)
@@ -306,17 +310,6 @@ def main():
             km._MXFP4_TILES.update(base)
             del q13, s13, q2, s2
             torch.cuda.empty_cache()
-        x, w13, w2, ids, tw = setup("mixtral", 8192)
-        q13, s13 = kernels.quantize_mxfp4(w13)
-        q2, s2 = kernels.quantize_mxfp4(w2)
-        del w13, w2
-        flops = 2 * 8192 * 2 * 3 * 14336 * 4096
-        for scaled in (False, True):
-            km._MXFP4_TILES.update(scaled=scaled)
-            for bm in (64, 128):
-                ms = bench(lambda: kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, block_m=bm, validate=False))
-                print(f"mxfp4 mixtral T8192 block_m {bm} scaled {scaled} {ms:.3f} ms {tflops(flops, ms):.0f} TFLOP/s",
-                      flush=True)
         km._MXFP4_TILES.update(base)
 
 

@@ -972,13 +972,16 @@ def _moe_mxfp4_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, sorted_ptr, block_exper
         tl.store(buf_ptr + slots[:, None] * H + cols[None, :], acc, mask=live[:, None] & col_ok[None, :])
 
 
-# GPU tiles of moe_mxfp4's kernels (bench/explore_moe.py --part mxfp4; H200: the even / odd
-# column split of a decoded tile, tried against tl.interleave, ran 1.2-5x slower).
-
-
 _moe_mxfp4_down_kernel = by_alignment(
     _moe_mxfp4_down_kernel, h="h_ptr I", q="q_ptr sq0 sq1 sq2", s="s_ptr ss2", buf="buf_ptr H")
-_MXFP4_TILES = dict(up_n=64, down_n=128, k=128, warps=4, stages=3, scaled=True)
+# GPU tiles of moe_mxfp4's widening kernels, which serve calls of fewer than _MXFP4_DEQUANT's
+# rows an expert (bench/explore_moe.py --part mxfp4, H200, CUDA graphs): small tiles and 2 warps
+# (more programs resident an SM: Nsight Compute found the 4-warp kernels at 213 registers, 1-2
+# blocks an SM, issue-bound, and the 64-program down GEMM of Mixtral T 1 at 6 % occupancy) beat
+# every other tile on all 8 rows: Mixtral T 1 / 16 / 64 378 -> 233, 849 -> 711, 1209 -> 976 us,
+# Qwen3-MoE T 1 / 16 / 64 54 -> 48, 270 -> 241, 382 -> 337 us (against 64 / 128 x 128, 4 warps).
+# The even / odd column split of a decoded tile, tried against tl.interleave, ran 1.2-5x slower.
+_MXFP4_TILES = dict(up_n=32, down_n=32, k=128, warps=2, stages=4, scaled=True)
 
 
 def _moe_mxfp4_blocks(T, K, E, H, I, block_m):

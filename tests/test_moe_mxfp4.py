@@ -126,21 +126,23 @@ def test_kernel_with_block_expert_off_by_one_fails(dtype, backend, budgets, monk
     assert not _judge(op, inp, kernels.moe_mxfp4(*op._args(inp)), budget, expected).passed
 
 
-def test_dequantizing_route_chunks_agree(backend, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dequantizing_route_chunks_agree(dtype, backend, budgets, monkeypatch):
     """Prefill-sized 16-bit calls dequantize the experts' weights, a chunk of experts at a time
-    within a scratch budget, and run moe's TMA GEMMs on each chunk's row blocks: chunks of 1 and
-    3 of the 8 experts (the last one short) give the result of one chunk of all, bit for bit,
-    and the route is the one taken (one dequantization of w13 and w2 per chunk)."""
+    within a scratch budget, and run moe's TMA GEMMs on each chunk's row blocks. Taken here at
+    every size: one chunk of all 8 experts passes the budget, chunks of 1 and 3 (the last one
+    short) give its result bit for bit, and the route is the one taken (one dequantization of
+    w13 and w2 per chunk)."""
     kmoe = __import__("kernels.moe", fromlist=["_MXFP4_DEQUANT"])
     op = registry.get("moe_mxfp4")
-    inp = op.inputs(_case("float16", shape=(64, 64, 64, 8), top_k=2), backend.device)
-    assert kmoe._mxfp4_dequantizes(inp["x"], 64, 2, 8, None) or backend.name != "interpreter"
+    inp = op.inputs(_case(dtype, shape=(64, 64, 64, 8), top_k=2), backend.device)
     calls = []
     real = kmoe.dequantize_mxfp4
     monkeypatch.setattr(kmoe, "dequantize_mxfp4", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
     monkeypatch.setitem(kmoe._MXFP4_DEQUANT, "min_rows", 1)
     whole = kmoe.moe_mxfp4(*op._args(inp))
     assert calls == [8, 8]
+    assert _judge(op, inp, whole, budgets.get("moe_mxfp4", dtype, backend.name)).passed
     per_expert = 3 * 64 * 64 * 2
     for c, sizes in ((1, [1] * 8), (3, [3, 3, 2])):
         calls.clear()
