@@ -71,7 +71,7 @@ def best_of(ts):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route, gemv
+    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route
     ap.add_argument("--decode-tiles", default=None, metavar="UPN,UPK,DNN,DNK,WARPS,STAGES;...",
                     help="the decode part's pointer tiles to sweep (default: four built in)")
     ap.add_argument("--loose-capacity", action="store_true",
@@ -283,36 +283,6 @@ def main():
                 km._MXFP4_DEQUANT.update(base)
                 del q13, s13, q2, s2
                 torch.cuda.empty_cache()
-
-    if "gemv" in parts:
-        # moe_mxfp4's decode route (T k <= E): its tiles in CUDA graphs, against the widening
-        # GEMMs (km._MXFP4_GEMV_TILES; --part mxfp4 sweeps those).
-        base = dict(km._MXFP4_GEMV_TILES)
-        cfgs = [base] + [dict(n=n, k=kk, warps=w, stages=st) for n, kk, w, st in (
-            (16, 128, 4, 3), (32, 128, 8, 3), (32, 128, 4, 1), (16, 128, 4, 1), (16, 128, 2, 3), (32, 64, 4, 3),
-            (64, 64, 8, 3), (16, 256, 4, 2), (32, 128, 4, 2))]
-        for name, Td in (("mixtral", 1), ("qwen3", 1), ("qwen3", 16)):
-            E, k, H, I = SHAPES[name]
-            x, w13, w2, ids, tw = setup(name, Td, seed=Td)
-            q13, s13 = kernels.quantize_mxfp4(w13)
-            q2, s2 = kernels.quantize_mxfp4(w2)
-            del w13, w2
-            touched = ids.unique().numel()
-            nbytes = touched * 3 * I * H * (0.5 + 1 / 32) + 2 * Td * H * 2
-            y = {}
-            for cfg in cfgs:
-                km._MXFP4_GEMV_TILES.update(cfg)
-                ms = graph_ms(lambda: kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False))
-                y["gemv"] = kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False).float()
-                print(f"gemv {name} T{Td} cfg {cfg} {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s", flush=True)
-            km._MXFP4_GEMV_TILES.update(base)
-            ms = graph_ms(lambda: kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False, block_m=16))
-            y["widen"] = kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False, block_m=16).float()
-            diff = (y["gemv"] - y["widen"]).abs().max().item() / y["widen"].abs().max().item()
-            print(f"gemv {name} T{Td} widening GEMMs (block_m 16) {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s; "
-                  f"max rel diff {diff:.2e}", flush=True)
-            del q13, s13, q2, s2
-            torch.cuda.empty_cache()
 
     if "mxfp4" in parts:
         base = dict(km._MXFP4_TILES)

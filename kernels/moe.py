@@ -805,7 +805,7 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
 # registers; moe_permute, the fp32 [slots, H] buffer and the combine are shared with moe above.
 # =============================================================================================
 
-from kernels.mxfp4 import BLOCK as MXFP4_BLOCK, _e2m1_decode, _mxfp4_decode, dequantize_mxfp4  # noqa: E402  (this section's own import)
+from kernels.mxfp4 import BLOCK as MXFP4_BLOCK, _mxfp4_decode, dequantize_mxfp4  # noqa: E402  (this section's own import)
 
 # The GEMM operand dtype (x's) and how a weight tile reaches it: decoded here (fp32, fp16, bf16) or
 # widened by tl.dot_scaled (bf16 on a GPU, _MXFP4_TILES["scaled"]).
@@ -852,25 +852,19 @@ def _mxfp4_dot(a, q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1,
 
 
 @triton.jit
-def _mxfp4_scales_within(s_ptr, e, rows, row_ok, K, ss0, ss1, ss2, LO: tl.constexpr, HI: tl.constexpr):
-    """True when every scale code of expert e's rows `rows` (K columns) lies in [LO, HI]: one pass
-    over the scales before a K loop, so the loop keeps one path (a check inside it cost a third
-    of the speed on the H200)."""
+def _mxfp4_plain_scales(s_ptr, e, rows, row_ok, K, ss0, ss1, ss2):
+    """True when no scale of expert e's rows `rows` (K columns) is 0 (2^-127) or 255 (NaN), the
+    codes Triton's tl.dot_scaled reads as 0 and inf (bench/NOTES.md): one pass over the scales
+    before the K loop, so the loop keeps one path (a check inside it cost a third of the speed on
+    the H200)."""
     cols = tl.arange(0, 32)
-    outside = tl.zeros([rows.shape[0], 32], tl.int32)
+    special = tl.zeros([rows.shape[0], 32], tl.int32)
     for c0 in range(0, K // 32, 32):
         code = tl.load(s_ptr + e.to(tl.int64) * ss0 + rows.to(tl.int64)[:, None] * ss1
                        + (c0 + cols).to(tl.int64)[None, :] * ss2,
-                       mask=row_ok[:, None] & (c0 + cols < K // 32)[None, :], other=LO).to(tl.int32) & 0xFF
-        outside = outside | ((code < LO) | (code > HI)).to(tl.int32)
-    return tl.max(tl.max(outside, axis=1), axis=0) == 0
-
-
-@triton.jit
-def _mxfp4_plain_scales(s_ptr, e, rows, row_ok, K, ss0, ss1, ss2):
-    """True when no scale of expert e's rows is 0 (2^-127) or 255 (NaN), the codes Triton's
-    tl.dot_scaled reads as 0 and inf (bench/NOTES.md)."""
-    return _mxfp4_scales_within(s_ptr, e, rows, row_ok, K, ss0, ss1, ss2, 1, 254)
+                       mask=row_ok[:, None] & (c0 + cols < K // 32)[None, :], other=127).to(tl.int32) & 0xFF
+        special = special | ((code == 0) | (code == 255)).to(tl.int32)
+    return tl.max(tl.max(special, axis=1), axis=0) == 0
 
 
 @triton.jit
@@ -980,152 +974,6 @@ def _moe_mxfp4_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, sorted_ptr, block_exper
 
 _moe_mxfp4_down_kernel = by_alignment(
     _moe_mxfp4_down_kernel, h="h_ptr I", q="q_ptr sq0 sq1 sq2", s="s_ptr ss2", buf="buf_ptr H")
-# ---------------------------------------------------------------------------------------------
-# moe_mxfp4's decode route: at most one entry an expert on average (T k <= E: a decode step),
-# each entry its own row block (moe_permute with block 1), and the GEMMs as matrix-vector products
-# on the CUDA cores. No tensor-core operand to build: each weight is widened in registers by a few
-# integer steps (scale codes 2 ... 252, checked once a program; else the exact decode) and
-# multiplied where it lies, even and odd columns against the activation's even and odd values, the
-# products summed in fp32 along K (fp16 rounds each weight to fp16 first, as the contract does).
-# ---------------------------------------------------------------------------------------------
-
-@triton.jit
-def _e2m1_scaled(nib, base):
-    """fp32 values of e2m1 codes `nib` (int32 0 ... 15) times 2^(S - 127), base = (S - 1) << 23,
-    for scale codes 2 <= S <= 252, where every value is 0 or a normal fp32 number: its magnitude
-    bits (nib & 7) << 22 added to the exponent (1.f x 2^p for codes 2 ... 7), 2^(S - 128) for
-    code 1, zero for 0; then the sign. Exact (tests/test_moe_mxfp4.py checks every code)."""
-    c = nib & 7
-    mag = tl.where(c >= 2, (c << 22) + base, tl.where(c == 1, base, 0))
-    return (mag | ((nib & 8) << 28)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _mxfp4_gemv_step(acc, a_ptr, a_k, q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1, ss2,
-                     BLOCK_K: tl.constexpr, FAST: tl.constexpr, ROUND_F16: tl.constexpr):
-    """acc [R, BLOCK_K / 32, 16] plus the products of columns k0 ... k0 + BLOCK_K - 1 of one
-    activation row (at a_ptr, stride a_k) with the rows `rows64` of expert e's MXFP4 matrix (K
-    columns): byte j of a weight row holds columns 2j (low nibble) and 2j + 1."""
-    NB: tl.constexpr = BLOCK_K // 32
-    j = k0 // 2 + tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]        # [NB, 16] code bytes
-    j_ok = j < K // 2
-    a_lo = tl.load(a_ptr + (2 * j).to(tl.int64) * a_k, mask=j_ok, other=0.0).to(tl.float32)
-    a_hi = tl.load(a_ptr + (2 * j + 1).to(tl.int64) * a_k, mask=j_ok, other=0.0).to(tl.float32)
-    packed = tl.load(q_ptr + e64 * sq0 + rows64[:, None, None] * sq1 + j.to(tl.int64)[None] * sq2,
-                     mask=row_ok[:, None, None] & j_ok[None], other=0).to(tl.int32) & 0xFF
-    sb = k0 // 32 + tl.arange(0, NB)
-    scale = tl.load(s_ptr + e64 * ss0 + rows64[:, None] * ss1 + sb.to(tl.int64)[None, :] * ss2,
-                    mask=row_ok[:, None] & (sb < K // 32)[None, :], other=127).to(tl.int32) & 0xFF
-    if FAST:
-        base = ((scale - 1) << 23)[:, :, None]
-        w_lo = _e2m1_scaled(packed & 0xF, base)
-        w_hi = _e2m1_scaled(packed >> 4, base)
-    else:
-        w_lo = _e2m1_decode(packed & 0xF, scale[:, :, None])
-        w_hi = _e2m1_decode(packed >> 4, scale[:, :, None])
-    if ROUND_F16:
-        w_lo = w_lo.to(tl.float16).to(tl.float32)
-        w_hi = w_hi.to(tl.float16).to(tl.float32)
-    return acc + w_lo * a_lo[None] + w_hi * a_hi[None]
-
-
-@triton.jit
-def _mxfp4_gemv(a_ptr, a_k, q_ptr, s_ptr, e64, rows, row_ok, K, sq0, sq1, sq2, ss0, ss1, ss2,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FAST: tl.constexpr, ROUND_F16: tl.constexpr):
-    """[BLOCK_N] fp32: the rows `rows` of expert e's MXFP4 matrix (K columns) times one activation row."""
-    acc = tl.zeros([BLOCK_N, BLOCK_K // 32, 16], dtype=tl.float32)
-    rows64 = rows.to(tl.int64)
-    for k0 in range(0, K, BLOCK_K):
-        acc = _mxfp4_gemv_step(acc, a_ptr, a_k, q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, sq2,
-                               ss0, ss1, ss2, BLOCK_K, FAST, ROUND_F16)
-    return tl.sum(tl.sum(acc, axis=2), axis=1)
-
-
-@triton.jit
-def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, K_SLOTS, H, I,
-                              sx0, sx1, sq0, sq1, sq2, ss0, ss1, ss2,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND_F16: tl.constexpr):
-    """Program (entry block b, column tile): h[b, cols] = silu(x G_e^T) * (x U_e^T) for the one
-    entry of block b (moe_permute with block 1; -1 blocks past the entries do nothing). Blocks
-    are the grid's fastest axis, so the entries of one expert read a weight tile together."""
-    b = tl.program_id(0)
-    e = tl.load(block_expert_ptr + b)
-    if e >= 0:
-        e64 = e.to(tl.int64)
-        token = (tl.load(sorted_ptr + b) // K_SLOTS).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < I
-        x_row = x_ptr + token * sx0
-        if _mxfp4_scales_within(s_ptr, e, cols, col_ok, H, ss0, ss1, ss2, 2, 252) & \
-                _mxfp4_scales_within(s_ptr, e, cols + I, col_ok, H, ss0, ss1, ss2, 2, 252):
-            g = _mxfp4_gemv(x_row, sx1, q_ptr, s_ptr, e64, cols, col_ok, H, sq0, sq1, sq2, ss0, ss1, ss2,
-                            BLOCK_N, BLOCK_K, True, ROUND_F16)
-            u = _mxfp4_gemv(x_row, sx1, q_ptr, s_ptr, e64, cols + I, col_ok, H, sq0, sq1, sq2, ss0, ss1, ss2,
-                            BLOCK_N, BLOCK_K, True, ROUND_F16)
-        else:
-            g = _mxfp4_gemv(x_row, sx1, q_ptr, s_ptr, e64, cols, col_ok, H, sq0, sq1, sq2, ss0, ss1, ss2,
-                            BLOCK_N, BLOCK_K, False, ROUND_F16)
-            u = _mxfp4_gemv(x_row, sx1, q_ptr, s_ptr, e64, cols + I, col_ok, H, sq0, sq1, sq2, ss0, ss1, ss2,
-                            BLOCK_N, BLOCK_K, False, ROUND_F16)
-        h = g / (1.0 + tl.exp(-g)) * u
-        tl.store(h_ptr + b.to(tl.int64) * I + cols, h.to(h_ptr.dtype.element_ty), mask=col_ok)
-
-
-@triton.jit
-def _moe_mxfp4_gemv_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, block_expert_ptr, H, I, sq0, sq1, sq2, ss0, ss1, ss2,
-                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND_F16: tl.constexpr):
-    """Program (entry block b, column tile): buf[b, cols] = h[b] W2_e^T in fp32."""
-    b = tl.program_id(0)
-    e = tl.load(block_expert_ptr + b)
-    if e >= 0:
-        e64 = e.to(tl.int64)
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < H
-        h_row = h_ptr + b.to(tl.int64) * I
-        if _mxfp4_scales_within(s_ptr, e, cols, col_ok, I, ss0, ss1, ss2, 2, 252):
-            y = _mxfp4_gemv(h_row, 1, q_ptr, s_ptr, e64, cols, col_ok, I, sq0, sq1, sq2, ss0, ss1, ss2,
-                            BLOCK_N, BLOCK_K, True, ROUND_F16)
-        else:
-            y = _mxfp4_gemv(h_row, 1, q_ptr, s_ptr, e64, cols, col_ok, I, sq0, sq1, sq2, ss0, ss1, ss2,
-                            BLOCK_N, BLOCK_K, False, ROUND_F16)
-        tl.store(buf_ptr + b.to(tl.int64) * H + cols, y, mask=col_ok)
-
-
-_moe_mxfp4_gemv_up_kernel = by_alignment(
-    _moe_mxfp4_gemv_up_kernel, x="x_ptr sx0 sx1 H", q="q_ptr sq0 sq1 sq2", s="s_ptr ss2", h="h_ptr I")
-_moe_mxfp4_gemv_down_kernel = by_alignment(
-    _moe_mxfp4_gemv_down_kernel, h="h_ptr I", q="q_ptr sq0 sq1 sq2", s="s_ptr ss2", buf="buf_ptr H")
-# Tiles of the decode route (GPU; the interpreter's BLOCK_K is 64 at most, so its cases cross tiles).
-_MXFP4_GEMV_TILES = dict(n=32, k=128, warps=4, stages=3)
-
-
-def _mxfp4_gemv_route(T, K, E, block_m):
-    """Whether moe_mxfp4 takes the decode route: at most one entry an expert on average."""
-    return block_m is None and T * K <= E
-
-
-def _mxfp4_gemv_layer(x, w13_q, w13_scales, w2_q, w2_scales, sorted_ids, block_expert, K, I):
-    """The decode route's two launches; returns the fp32 [entries, H] buffer of the down GEMM."""
-    T, H = x.shape
-    n_blocks = block_expert.shape[0]
-    t = _MXFP4_GEMV_TILES
-    bk_cap = 64 if interpreting() else t["k"]
-    bn = min(t["n"], max(16, triton.next_power_of_2(max(I, H))))
-    h = allocate((n_blocks, I), x.dtype, x.device, name="h")
-    buf = allocate((n_blocks, H), torch.float32, x.device, name="moe_partial")
-    f16 = x.dtype == torch.float16
-    _moe_mxfp4_gemv_up_kernel[(n_blocks, triton.cdiv(I, bn))](
-        x, w13_q, w13_scales, h, sorted_ids, block_expert, K, H, I, x.stride(0), x.stride(1),
-        *w13_q.stride(), *w13_scales.stride(),
-        BLOCK_N=bn, BLOCK_K=min(bk_cap, triton.next_power_of_2(H)), ROUND_F16=f16, num_warps=t["warps"],
-        num_stages=t["stages"])
-    _moe_mxfp4_gemv_down_kernel[(n_blocks, triton.cdiv(H, bn))](
-        h, w2_q, w2_scales, buf, block_expert, H, I, *w2_q.stride(), *w2_scales.stride(),
-        BLOCK_N=bn, BLOCK_K=min(bk_cap, triton.next_power_of_2(I)), ROUND_F16=f16, num_warps=t["warps"],
-        num_stages=t["stages"])
-    return buf
-
-
 # GPU tiles of moe_mxfp4's widening kernels, which serve calls of fewer than _MXFP4_DEQUANT's
 # rows an expert (bench/explore_moe.py --part mxfp4, H200, CUDA graphs): small tiles and 2 warps
 # (more programs resident an SM: Nsight Compute found the 4-warp kernels at 213 registers, 1-2
@@ -1263,11 +1111,6 @@ def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2
         bm = _tma_block_m(T, K, E, block_m)
         sorted_ids, block_expert, num, inv = moe_permute(topk_ids, E, bm)
         buf = _mxfp4_dequantized(x, I, w13_q, w13_scales, w2_q, w2_scales, sorted_ids, block_expert, num, inv, bm)
-        _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
-        return out
-    if _mxfp4_gemv_route(T, K, E, block_m):
-        sorted_ids, block_expert, _, inv = moe_permute(topk_ids, E, 1)
-        buf = _mxfp4_gemv_layer(x, w13_q, w13_scales, w2_q, w2_scales, sorted_ids, block_expert, K, I)
         _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
         return out
     bm, bn_up, bk_up, bn_dn, bk_dn = _moe_mxfp4_blocks(T, K, E, H, I, block_m)

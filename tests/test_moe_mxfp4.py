@@ -19,17 +19,12 @@ import math
 import pytest
 import torch
 
-import triton
-import triton.language as tl
-
 import kernels
 import oracles
 from harness import registry
 from harness.cases import Case
 from harness.compare import Magnitudes, compare, sqnr_db
 from harness.ops.moe import EDGES, _routing
-from kernels.moe import _e2m1_scaled
-from kernels.mxfp4 import _e2m1_decode
 from oracles.moe import _expert, mxfp4_weights
 from tests.test_moe import shift_first_block_expert
 from tests.test_mutants import SPECIFIC
@@ -154,46 +149,6 @@ def test_dequantizing_route_chunks_agree(dtype, backend, budgets, monkeypatch):
         monkeypatch.setitem(kmoe._MXFP4_DEQUANT, "scratch", c * per_expert)
         assert torch.equal(kmoe.moe_mxfp4(*op._args(inp)), whole), f"chunks of {c}"
         assert calls == [n for n in sizes for _ in (0, 1)]
-
-
-_DECODE_CASES = [Case.make("moe_mxfp4", dtype, (3, 96, 64, 8), seed=13, top_k=2, **({"scales": kind} if kind else {}))
-                 for dtype in DTYPES for kind in (None, "edges")]
-
-
-@pytest.mark.parametrize("case", _DECODE_CASES, ids=str)
-def test_decode_route(case, backend, budgets, monkeypatch):
-    """Decode-sized calls (at most one entry an expert: T k <= E, here 6 <= 8) take the
-    matrix-vector route, each entry its own row block and no tl.dot, in every dtype (bf16 runs
-    on the interpreter too): its fast widening (scale codes 2 ... 252) and, with the edge
-    scales, its exact one pass the budget."""
-    kmoe = __import__("kernels.moe", fromlist=["_mxfp4_gemv_layer"])
-    op = registry.get("moe_mxfp4")
-    inp = op.inputs(case, backend.device)
-    taken = []
-    real = kmoe._mxfp4_gemv_layer
-    monkeypatch.setattr(kmoe, "_mxfp4_gemv_layer", lambda *a: taken.append(1) or real(*a))
-    got = kmoe.moe_mxfp4(*op._args(inp))
-    assert taken, "the decode route was not taken"
-    assert _judge(op, inp, got, budgets.get("moe_mxfp4", case.dtype, backend.name)).passed
-
-
-@triton.jit
-def _both_decodes_kernel(fast_ptr, exact_ptr):
-    nib = tl.arange(0, 16)[None, :]
-    scale = 2 + tl.arange(0, 256)[:, None]                           # 2 ... 257, stored up to 252
-    ok = scale <= 252
-    offs = (scale - 2) * 16 + nib
-    tl.store(fast_ptr + offs, _e2m1_scaled(nib, (scale - 1) << 23), mask=ok)
-    tl.store(exact_ptr + offs, _e2m1_decode(nib, scale), mask=ok)
-
-
-def test_fast_widening_is_exact_for_every_code(backend):
-    """The decode route's widening in a few integer steps equals the exact decode for every
-    e2m1 code (signs included) under every scale code it is used for, 2 ... 252."""
-    fast = torch.empty(251 * 16, dtype=torch.float32, device=backend.device)
-    exact = torch.empty_like(fast)
-    _both_decodes_kernel[(1,)](fast, exact)
-    assert torch.equal(fast.view(torch.int32), exact.view(torch.int32))
 
 
 def test_deterministic(backend):
