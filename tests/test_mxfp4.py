@@ -63,11 +63,14 @@ def test_oracle_grid_and_decoder_follow_the_specification():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_every_code_under_every_scale(dtype, backend):
     """256 rows, row r with scale byte r in each of its 16 blocks, and all 256 code bytes: every
-    nibble in both positions under every scale (NaN, overflow, fp32 subnormals, fp16 rounding)."""
+    nibble in both positions under every scale (NaN, overflow, fp32 subnormals, fp16 rounding).
+    With one row a tile too, so every scale code of the kernel's short decode (2 ... 252) takes
+    it, and every other code the exact one."""
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(256, 1).to(backend.device)
     scales = torch.arange(256, dtype=torch.int32).to(torch.uint8)[:, None].repeat(1, 16).to(backend.device)
-    y = kernels.dequantize_mxfp4(codes, scales, DTYPES[dtype])
     expected = oracles.dequantize_mxfp4(codes, scales, DTYPES[dtype])
+    _assert_exact("y (one row a tile)", kernels.dequantize_mxfp4(codes, scales, DTYPES[dtype], block_m=1), expected)
+    y = kernels.dequantize_mxfp4(codes, scales, DTYPES[dtype])
     _assert_exact("y", y, expected)
     finite = torch.isfinite(expected)
     assert torch.equal(torch.signbit(y.double().cpu()[finite.cpu()]), torch.signbit(expected.cpu()[finite.cpu()]))
