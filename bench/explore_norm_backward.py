@@ -1,0 +1,57 @@
+"""Where a norm backward's time goes on the GPU (issue 20: bench_backward's norm rows at 3-33 % of
+copy): per kernel (torch.profiler), the launcher in a CUDA graph (the GPU's own time) and as
+called (do_bench: the host's launches included), at bench_backward's Qwen2 shapes."""
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import kernels  # noqa: E402
+from bench.common import bench, cuda_graph, gbps  # noqa: E402
+
+
+def per_kernel(fn, n=10):
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per[ev.name[:40]] += ev.device_time_total / n
+    return ", ".join(f"{k} {v:.1f} us" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+
+
+def main():
+    dt = torch.bfloat16
+    for T, D in ((4096, 1536), (16384, 1536), (16384, 3584)):
+        x = torch.randn(T, D, device="cuda", dtype=dt)
+        w = torch.randn(D, device="cuda", dtype=dt)
+        dy = torch.randn_like(x)
+        nbytes = 3 * x.numel() * 2 + 2 * D * 2
+        for name, fn in (("rmsnorm_backward", lambda: kernels.rmsnorm_backward(dy, x, w)),
+                         ("layernorm_backward", lambda: kernels.layernorm_backward(dy, x, w, w)),
+                         ("torch rms_norm autograd", None)):
+            if fn is None:
+                xr = x.detach().requires_grad_()
+                wr = w.detach().requires_grad_()
+                y = torch.nn.functional.rms_norm(xr, (D,), wr, 1e-6)
+                fn = lambda: torch.autograd.grad(y, (xr, wr), dy, retain_graph=True)  # noqa: E731
+            called = bench(fn)
+            try:
+                graph = bench(cuda_graph(fn))
+                in_graph = f"CUDA graph {graph * 1e3:.1f} us ({gbps(nbytes, graph):.0f} GB/s)"
+            except Exception as e:          # (a capture of autograd may be refused)
+                in_graph = f"CUDA graph failed: {type(e).__name__}: {str(e)[:80]}"
+            print(f"{name} T{T} D{D}: as called {called * 1e3:.1f} us ({gbps(nbytes, called):.0f} GB/s), "
+                  f"{in_graph}; kernels: {per_kernel(fn)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
