@@ -44,11 +44,11 @@ def main():
                 y = torch.nn.functional.rms_norm(xr, (D,), wr, 1e-6)
                 fn = lambda: torch.autograd.grad(y, (xr, wr), dy, retain_graph=True)  # noqa: E731
             called = bench(fn)
-            try:
+            if name.startswith("torch"):    # (its capture failed on the H200 and broke the next one)
+                in_graph = "not captured"
+            else:
                 graph = bench(cuda_graph(fn))
                 in_graph = f"CUDA graph {graph * 1e3:.1f} us ({gbps(nbytes, graph):.0f} GB/s)"
-            except Exception as e:          # (a capture of autograd may be refused)
-                in_graph = f"CUDA graph failed: {type(e).__name__}: {str(e)[:80]}"
             print(f"{name} T{T} D{D}: as called {called * 1e3:.1f} us ({gbps(nbytes, called):.0f} GB/s), "
                   f"{in_graph}; kernels: {per_kernel(fn)}", flush=True)
 
