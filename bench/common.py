@@ -143,3 +143,22 @@ def ptxas_usage(compiled) -> str:
         return "ptxas: " + log.strip().splitlines()[-1]
     spilled = spill.group(1) if spill else 0
     return f"{regs.group(1)} registers, {spilled} bytes spilled, {compiled.metadata.shared} B shared"
+
+
+def kernel_ms(fn, n: int = 5) -> dict:
+    """{kernel name (40 characters): milliseconds a call} of fn's GPU kernels, torch.profiler over
+    n calls after a warm-up call."""
+    from collections import defaultdict
+
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per[ev.name[:40]] += ev.device_time_total / n / 1e3 if hasattr(ev, "device_time_total") else 0
+    return per

@@ -11,7 +11,7 @@ from collections import defaultdict
 import torch
 
 import kernels
-from bench.common import bench, gbps, tflops
+from bench.common import bench, gbps, kernel_ms, tflops
 
 km = sys.modules["kernels.moe"]
 SHAPES = {"mixtral": (8, 2, 4096, 14336), "qwen3": (128, 8, 2048, 768)}
@@ -41,17 +41,7 @@ def graph_ms(fn):
 
 
 def profile(fn, n=5):
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    per = defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            per[ev.name[:40]] += ev.device_time_total / n / 1e3 if hasattr(ev, "device_time_total") else 0
-    return per
+    return kernel_ms(fn, n)
 
 
 def alternated(cfgs, measure, reps=3):

@@ -4,28 +4,17 @@ called (do_bench: the host's launches included), at bench_backward's Qwen2 shape
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
-from bench.common import bench, cuda_graph, gbps  # noqa: E402
+from bench.common import bench, cuda_graph, gbps, kernel_ms  # noqa: E402
 
 
 def per_kernel(fn, n=10):
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    per = defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            per[ev.name[:40]] += ev.device_time_total / n
-    return ", ".join(f"{k} {v:.1f} us" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+    return ", ".join(f"{k} {v * 1e3:.1f} us" for k, v in sorted(kernel_ms(fn, n).items(), key=lambda kv: -kv[1]))
 
 
 def main():
