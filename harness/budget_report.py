@@ -2,7 +2,7 @@
 measurements alone would give.
 
     kernelcheck-budgets results/interpreter/audit.json             # a terminal table
-    kernelcheck-budgets results/gpu-h200/audit.json.gz --markdown     # Markdown (a CI job summary)
+    kernelcheck-budgets results/gpu-h200/audit.json.gz --markdown  # Markdown (a CI job summary)
 
 For each op and dtype of the audit's judged checks (a declared gap's are left out):
 
