@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
-import kernels
-from bench.common import bench, gbps, kernel_ms, tflops
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import kernels  # noqa: E402
+from bench.common import bench, gbps, kernel_ms, tflops  # noqa: E402
 
 km = sys.modules["kernels.moe"]
 SHAPES = {"mixtral": (8, 2, 4096, 14336), "qwen3": (128, 8, 2048, 768)}
