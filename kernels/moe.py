@@ -1056,7 +1056,8 @@ def _mxfp4_dequantized(x, I, w13_q, w13_scales, w2_q, w2_scales, sorted_ids, blo
 def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2_q: torch.Tensor,
               w2_scales: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
               block_m: int | None = None, out: torch.Tensor | None = None, validate: bool | str = True) -> torch.Tensor:
-    """The expert layer of `moe` with MXFP4 expert weights, dequantized inside the kernels:
+    """The expert layer of `moe` with MXFP4 expert weights, widened inside the GEMMs (or, for 16-bit
+    calls with many entries an expert, dequantized once a chunk of experts: _MXFP4_DEQUANT):
     x [T, H] (fp32, fp16, bf16); w13_q uint8 [E, 2I, H/2] (gate rows, then up rows; element 2j of a
     row in the low nibble of byte j) and w13_scales uint8 [E, 2I, H/32] (e8m0, one per 32 values
     along H); w2_q uint8 [E, H, I/2] and w2_scales uint8 [E, H, I/32]; H and I multiples of 32;
