@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels._device import round_to_bf16 as _round_to_bf16
-from kernels._launch import check_finite, check_same_device, check_tensor, reached_through_pointers
+from kernels._launch import _fmt_dtype, check_finite, check_same_device, check_tensor, reached_through_pointers
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
 BLOCK = 1024     # elements a program: 4 warps x 32 threads x 8, 16-byte loads of fp32 state
@@ -199,17 +199,13 @@ def _launch_multi(ps, gs, ms, vs, steps, lr, beta1, beta2, eps, weight_decay) ->
 
 def _check_grad(p, g) -> None:
     if g.dtype != p.dtype:
-        raise TypeError(f"grad: expected the dtype of its parameter ({_fmt(p.dtype)}), got {_fmt(g.dtype)}")
+        raise TypeError(f"grad: expected the dtype of its parameter ({_fmt_dtype(p.dtype)}), got {_fmt_dtype(g.dtype)}")
     if g.shape != p.shape:
         raise ValueError(f"grad: expected the shape of its parameter {tuple(p.shape)}, got {tuple(g.shape)}")
     if g.device != p.device:
         raise ValueError(f"grad: expected the device of its parameter ({p.device}), got {g.device}")
     raise ValueError(f"grad: expected a contiguous tensor (the update runs over the flat storage), "
                      f"got strides {tuple(g.stride())}")
-
-
-def _fmt(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 class AdamW(torch.optim.Optimizer):
