@@ -25,6 +25,18 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_FUSED_BLOCK = 16384
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of host integers. (triton.cdiv and triton.next_power_of_2 are constexpr
+    functions in recent Tritons: each host call unwraps its arguments, microseconds that a
+    launcher calling them several times a launch pays on every small call.)"""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two >= n, for host integers (0 for 0, as triton.next_power_of_2)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -201,7 +213,7 @@ def row_tile(n_cols: int, block_cols: int | None = None, target: int = 2048):
     `block_cols` forces the chunked path with that chunk width (tests use it to exercise the
     loop on small shapes).
     """
-    full = triton.next_power_of_2(max(n_cols, 1))
+    full = next_power_of_2(max(n_cols, 1))
     if block_cols is not None:
         if block_cols < 1 or block_cols & (block_cols - 1):
             raise ValueError(f"block_cols: expected a power of two >= 1, got {block_cols}")

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels._device import kahan_add
-from kernels._launch import allocate, check_count
+from kernels._launch import allocate, cdiv, check_count, next_power_of_2
 
 # Programs a backward kernel aims for (groups x column blocks): enough to fill a GPU several times
 # over, while the [groups, N] fp32 partials stay small (1024 x 4 bytes a column).
@@ -34,10 +34,10 @@ def plan_row_groups(n_rows: int, block_m: int, n_col_blocks: int = 1, row_groups
     still gets a plan) in tiles of block_m, next to n_col_blocks column blocks. `row_groups`
     forces at most that many groups (tests use it to make each program of a small case walk
     several tiles); validated by the launchers (check_row_groups)."""
-    tiles = max(triton.cdiv(n_rows, block_m), 1)
+    tiles = max(cdiv(n_rows, block_m), 1)
     want = row_groups if row_groups is not None else max(1, TARGET_PROGRAMS // max(n_col_blocks, 1))
-    per_group = triton.cdiv(tiles, min(want, tiles))
-    return triton.cdiv(tiles, per_group), per_group
+    per_group = cdiv(tiles, min(want, tiles))
+    return cdiv(tiles, per_group), per_group
 
 
 def partials(n_groups: int, n_cols: int, device, name: str) -> torch.Tensor:
@@ -68,8 +68,8 @@ def sum_row_groups(p: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     alone): with 1024-column blocks, D 1536 ran on 2 programs, 79 us of an H200 rmsnorm backward
     whose own kernel took 18 (bench/explore_norm_backward.py)."""
     n_groups, N = p.shape
-    block_n = min(1024, max(16, triton.next_power_of_2(max(N, 1) // _SUM_PROGRAMS)))
-    block_g = max(_GROUP_ROWS, min(_SUM_TILE // block_n, triton.next_power_of_2(max(n_groups, 1))))
-    _sum_row_groups_kernel[(triton.cdiv(N, block_n),)](p, out, n_groups, N, p.stride(0),
+    block_n = min(1024, max(16, next_power_of_2(max(N, 1) // _SUM_PROGRAMS)))
+    block_g = max(_GROUP_ROWS, min(_SUM_TILE // block_n, next_power_of_2(max(n_groups, 1))))
+    _sum_row_groups_kernel[(cdiv(N, block_n),)](p, out, n_groups, N, p.stride(0),
                                                         BLOCK_G=block_g, BLOCK_N=block_n, num_warps=4)
     return out

@@ -55,6 +55,10 @@ class ByAlignment:
         self._checks = [tuple((self._index[m], m) for m in members) for members in self.groups.values()]
         self._loose = [(self._index[n], n) for n in self._runtime if n not in self._grouped]
         self._members = list(self.groups.values())
+        self._check_indices = [tuple(i for i, _ in members) for members in self._checks]
+        self._loose_indices = [i for i, _ in self._loose]
+        self._last_index = max([i for members in self._check_indices for i in members] + self._loose_indices,
+                               default=-1)
         self._variants: dict = {}
 
     @staticmethod
@@ -62,21 +66,26 @@ class ByAlignment:
         return args[index] if index < len(args) else kwargs.get(name)
 
     def key(self, args, kwargs) -> tuple:
-        """(aligned bit per group, aligned bit per ungrouped tensor): which variant a call takes."""
+        """(aligned bit per group, aligned bit per ungrouped tensor): which variant a call takes.
+        Runs at every launch, so it is kept lean (the host's cost of a small backward is its
+        launches): exact type tests, arguments by position when the call gives them so."""
+        if kwargs and len(args) <= self._last_index:
+            args = [self._value(args, kwargs, i, n) for i, n in enumerate(self._index)]
         bits = []
-        for members in self._checks:
+        for members in self._check_indices:
             ok = True
-            for index, name in members:
-                v = self._value(args, kwargs, index, name)
-                if isinstance(v, torch.Tensor):
-                    ok = v.data_ptr() % 16 == 0
-                elif isinstance(v, int) and not isinstance(v, bool):
+            for index in members:
+                v = args[index]
+                kind = type(v)
+                if kind is int or (kind is not bool and isinstance(v, int)):
                     ok = v == 1 or v % 16 == 0
+                elif isinstance(v, torch.Tensor):
+                    ok = v.data_ptr() % 16 == 0
                 if not ok:
                     break
             bits.append(ok)
-        for index, name in self._loose:
-            v = self._value(args, kwargs, index, name)
+        for index in self._loose_indices:
+            v = args[index]
             bits.append(not isinstance(v, torch.Tensor) or v.data_ptr() % 16 == 0)
         return tuple(bits)
 

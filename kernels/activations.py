@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from kernels._device import activate, kahan_add, row_offsets, times_activation_grad
-from kernels._launch import (check_count, check_same_device, check_same_dtype, check_shape, check_tensor,
-                             leading_layout, new_out)
+from kernels._launch import (cdiv, check_count, check_same_device, check_same_dtype, check_shape, check_tensor,
+                             leading_layout, new_out, next_power_of_2)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
 from kernels._variants import by_alignment
 
@@ -83,7 +83,7 @@ def _tile(n_cols: int, block_cols: int | None, approximate: str = "none"):
     """(BLOCK_M, BLOCK_N, num_warps) for rows of n_cols features. H200 sweep at 32768 x 16384
     (bench/explore_gemm_family.py): the erf form is fastest at 4 x 1024 with 4 warps, the
     cheaper tanh form at 8 x 1024 with 8 warps (94% of copy against 85%)."""
-    full = triton.next_power_of_2(max(n_cols, 1))
+    full = next_power_of_2(max(n_cols, 1))
     if block_cols is not None:
         if not isinstance(block_cols, int) or block_cols < 1 or block_cols & (block_cols - 1):
             raise ValueError(f"block_cols: expected a power of two >= 1, got {block_cols}")
@@ -122,7 +122,7 @@ def bias_gelu(y: torch.Tensor, bias: torch.Tensor | None = None, approximate: st
     n1, n2, ((ys0, ys1, ys2),) = layout
     n_rows = y.numel() // N
     block_m, block_n, num_warps = _tile(N, block_cols, approximate)
-    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(N, block_n))
+    grid = (cdiv(n_rows, block_m), cdiv(N, block_n))
     contiguous = y.is_contiguous() and block_m * N < 2**31
     _bias_gelu_kernel[grid](
         y, bias if bias is not None else y, out, n_rows, N, n1, n2, ys0, ys1, ys2, y.stride(-1),
@@ -207,7 +207,7 @@ def bias_gelu_backward(dout: torch.Tensor, y: torch.Tensor, bias: torch.Tensor |
     block_m, block_n, num_warps = _tile(N, block_cols, approximate)
     if block_rows is not None:
         block_m = block_rows
-    n_col_blocks = triton.cdiv(N, block_n)
+    n_col_blocks = cdiv(N, block_n)
     n_groups, per_group = plan_row_groups(n_rows, block_m, n_col_blocks, row_groups)
     part = partials(n_groups, N, dout.device, "dbias_partials") if bias is not None else out_dy
     _bias_gelu_backward_kernel[(n_groups, n_col_blocks)](

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels._device import round_to_bf16 as _round_to_bf16
-from kernels._launch import _fmt_dtype, check_finite, check_same_device, check_tensor, reached_through_pointers
+from kernels._launch import _fmt_dtype, cdiv, check_finite, check_same_device, check_tensor, reached_through_pointers
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
 BLOCK = 1024     # elements a program: 4 warps x 32 threads x 8, 16-byte loads of fp32 state
@@ -123,7 +123,7 @@ def adamw(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, st
     # float64 on the host: 1 - beta^t for t up to 1e6 and beyond loses nothing here.
     bc1 = 1.0 - beta1 ** step
     bc2 = 1.0 - beta2 ** step
-    _adamw_kernel[(triton.cdiv(n, BLOCK),)](
+    _adamw_kernel[(cdiv(n, BLOCK),)](
         p, g, m, v, n, 1.0 - lr * weight_decay, beta1, 1.0 - beta1, beta2, 1.0 - beta2, lr / bc1, 1.0 / math.sqrt(bc2), eps,
         BLOCK=BLOCK, num_warps=4)
 
@@ -156,7 +156,7 @@ def _tiles_of(numels: tuple, device) -> tuple:
     key = (numels, str(device))
     found = _tiles.get(key)
     if found is None:
-        counts = torch.tensor([triton.cdiv(n, BLOCK) for n in numels], dtype=torch.int64)
+        counts = torch.tensor([cdiv(n, BLOCK) for n in numels], dtype=torch.int64)
         tensor = torch.repeat_interleave(torch.arange(len(numels), dtype=torch.int32), counts)
         first = torch.repeat_interleave(counts.cumsum(0) - counts, counts)
         block = (torch.arange(len(tensor), dtype=torch.int64) - first).to(torch.int32)

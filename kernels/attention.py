@@ -24,10 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import (allocate, bad_pages, check_finite, check_same_device, check_same_dtype, check_shape,
+from kernels._launch import (allocate, bad_pages, cdiv, check_finite, check_same_device, check_same_dtype, check_shape,
                              check_tensor, check_validate, error_word, interpreting, merge_splits, new_out,
-                             paged_detail,
-                             paged_host_word, paged_problems, report_errors)
+                             next_power_of_2, paged_detail, paged_host_word, paged_problems, report_errors)
 from kernels._variants import by_alignment
 
 _LOG2E = 1.4426950408889634
@@ -312,8 +311,8 @@ def _fwd_blocks(seq_q, seq_k, d, elem_size, block_m, block_n):
         # element: 4x less code, for a dtype whose speed nobody benchmarks. The interpreter keeps
         # the larger tiles: there each program costs interpretation time, not compile time.
         bm, bn, warps, stages = (64 if d <= 128 else 32), 32, 4, 2
-    bm = block_m or min(bm, max(16, triton.next_power_of_2(max(seq_q, 1))))
-    bn = block_n or min(bn, max(16, triton.next_power_of_2(max(seq_k, 1))))
+    bm = block_m or min(bm, max(16, next_power_of_2(max(seq_q, 1))))
+    bn = block_n or min(bn, max(16, next_power_of_2(max(seq_k, 1))))
     for name, v in (("block_m", bm), ("block_n", bn)):
         if v < 16 or v & (v - 1):
             raise ValueError(f"{name}: expected a power of two >= 16, got {v}")
@@ -329,7 +328,7 @@ def _fit_shared(resident_rows, bn, stages, d, elem_size, fixed_bn=False):
     """Fewer stages, then a shorter K/V tile, until the resident tile (q: resident_rows x D) and
     `stages` buffered K and V tiles fit in shared memory (fp32 at D = 256 needs it: 282 KB were
     asked for at BLOCK_N 64 and 3 stages)."""
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = max(16, next_power_of_2(d))
 
     def need(bn, stages):
         return (resident_rows + 2 * stages * bn) * block_d * elem_size
@@ -445,7 +444,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     lse = new_out(lse_out, lse_shape, torch.float32, q.device, "lse_out") if return_lse else None
     if q.numel() and B and Hq:
         bm, bn, warps, stages = _fwd_blocks(Tq, Tk, D, q.element_size(), block_m, block_n)
-        block_d = max(16, triton.next_power_of_2(D))
+        block_d = max(16, next_power_of_2(D))
         if max(bn * t.stride(-3) + block_d * t.stride(-1) for t in (k, v)) >= 2**31:
             k, v = k.contiguous(), v.contiguous()       # keeps the kernel's in-tile offsets in int32
         lse_arg = lse if lse is not None else out
@@ -458,7 +457,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             sl = lse.stride() if lse is not None else (0, 0, 0)
         # (query tiles, heads, sequences): the order of a (tiles, B * Hq) grid, without its
         # 65535 limit on B * Hq (16k varlen sequences of 16 heads overflowed it).
-        _attn_fwd_kernel[(triton.cdiv(Tq, bm), Hq, B)](
+        _attn_fwd_kernel[(cdiv(Tq, bm), Hq, B)](
             q, k, v, out, lse_arg, cu_seqlens_q if varlen else q, cu_seqlens_k if varlen else q,
             Tq, Tk, Hq, Hq // Hkv, D, *sq, *sk, *sv, *so, *sl, scale * _LOG2E,
             CAUSAL=causal, VARLEN=varlen, HAS_LSE=lse is not None, EVEN_D=D == block_d, BLOCK_M=bm, BLOCK_N=bn,
@@ -781,8 +780,8 @@ def _bwd_blocks(seq_q, seq_k, d, elem_size, block_m, block_n):
             raise ValueError(f"{name}: expected a power of two >= 16, got {given}")
 
     def clip(bm, bn):
-        return (block_m or min(bm, max(16, triton.next_power_of_2(max(seq_q, 1)))),
-                block_n or min(bn, max(16, triton.next_power_of_2(max(seq_k, 1)))))
+        return (block_m or min(bm, max(16, next_power_of_2(max(seq_q, 1)))),
+                block_n or min(bn, max(16, next_power_of_2(max(seq_k, 1)))))
 
     (kv_m, kv_n), (q_m, q_n) = clip(*kv), clip(*q)
     # Shared memory: the resident tiles (k and v, or q and dout) and `stages` buffers of the
@@ -829,7 +828,7 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         return dq, dk, dv
 
     blocks = _bwd_blocks(Tq, Tk, D, q.element_size(), block_m, block_n)
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_power_of_2(D))
     # Tiles are addressed with int32 offsets within the tile (as in the forward; rows and heads
     # in int64): an input whose tile (the walked one for q, do, k, v; o's in the delta kernel)
     # spans 2^31 elements or more is copied first.
@@ -850,17 +849,17 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     scale = shapes.scale
     if Tq and Hq:
         bm = blocks["q"][0]
-        _attn_bwd_delta_kernel[(triton.cdiv(Tq, bm), Hq, B)](
+        _attn_bwd_delta_kernel[(cdiv(Tq, bm), Hq, B)](
             o, do, delta, cu_q, Tq, D, *so, *sdo, *sd, VARLEN=varlen, BLOCK_M=bm, BLOCK_D=block_d, num_warps=4)
     if Tk:          # Hq = 0 (GROUP 0) or Tq = 0 still stores zeros
         bm, bn, warps, stages = blocks["kv"]
-        _attn_bwd_kv_kernel[(triton.cdiv(Tk, bn), Hkv, B)](
+        _attn_bwd_kv_kernel[(cdiv(Tk, bn), Hkv, B)](
             q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, Tq, Tk, Hq // Hkv, D, *sq, *sk, *sv, *sdo, *sl, *sd,
             *_strides(dk, varlen), *_strides(dv, varlen), scale, scale * _LOG2E,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **common)
     if Tq and Hq:
         bm, bn, warps, stages = blocks["q"]
-        _attn_bwd_q_kernel[(triton.cdiv(Tq, bm), Hq, B)](
+        _attn_bwd_q_kernel[(cdiv(Tq, bm), Hq, B)](
             q, k, v, do, lse, delta, dq, cu_q, cu_k, Tq, Tk, Hq // Hkv, D, *sq, *sk, *sv, *sdo, *sl, *sd,
             *_strides(dq, varlen), scale, scale * _LOG2E,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **common)
@@ -894,11 +893,11 @@ def _decode_splits(B, Hkv, capacity, block_n, num_splits):
     loads, and more of them in flight hide the latency; bench/NOTES.md), but no split shorter
     than 4 tiles: the combine step is not free."""
     if num_splits is None:
-        wanted = triton.cdiv(2048, max(1, B * Hkv))
-        num_splits = max(1, min(wanted, triton.cdiv(capacity, 4 * block_n)))
+        wanted = cdiv(2048, max(1, B * Hkv))
+        num_splits = max(1, min(wanted, cdiv(capacity, 4 * block_n)))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
-    chunk = triton.cdiv(triton.cdiv(max(capacity, 1), num_splits), block_n) * block_n
+    chunk = cdiv(cdiv(max(capacity, 1), num_splits), block_n) * block_n
     return num_splits, chunk
 
 
@@ -966,11 +965,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     bn = block_n or (16 if capacity <= 16 else 64)
     if block_table is None:
-        bn = min(bn, max(16, triton.next_power_of_2(capacity)))
+        bn = min(bn, max(16, next_power_of_2(capacity)))
     splits, chunk = _decode_splits(B, Hkv, capacity, bn, num_splits)
     group = Hq // Hkv
-    block_g = max(16, triton.next_power_of_2(group))
-    block_d = max(16, triton.next_power_of_2(D))
+    block_g = max(16, next_power_of_2(group))
+    block_d = max(16, next_power_of_2(D))
     table = block_table if block_table is not None else seqlens
     st_b, st_p = block_table.stride() if block_table is not None else (0, 0)
     word = error_word(q.device, validate)
@@ -996,6 +995,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _decode_combine_kernel[(B, Hq)](
         part_o, part_ml, out, Hq, D, splits, part_o.stride(0), part_o.stride(1), part_o.stride(2),
         *part_ml.stride()[:3], out.stride(0), out.stride(1), scale * _LOG2E,
-        BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4)
+        BLOCK_S=max(2, next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4)
     report_errors(word, validate, "decode_attention", problems, detail)
     return out

@@ -39,8 +39,8 @@ import triton
 import triton.language as tl
 
 from kernels._device import gemm_tile, kahan_add, rounded_for
-from kernels._launch import (allocate, check_finite, check_out, check_same_device, check_same_dtype, check_tensor,
-                             check_validate, error_word, interpreting, new_out, report_errors)
+from kernels._launch import (allocate, cdiv, check_finite, check_out, check_same_device, check_same_dtype, check_tensor,
+                             check_validate, error_word, interpreting, new_out, next_power_of_2, report_errors)
 from kernels.gemm import _config as gemm_tiles, _precision
 from kernels._variants import by_alignment
 
@@ -274,8 +274,8 @@ def _tiles(M, N, K, elem_size, block):
     whose cost is per program rather than per element, takes tiles up to 1024 wide (V 151936:
     149 programs a GEMM instead of 1187)."""
     if block is None and interpreting():
-        bm, bn = (min(1024, max(16, triton.next_power_of_2(d))) for d in (M, N))
-        return gemm_tiles(M, N, K, elem_size, 1, bm, bn, min(128, max(16, triton.next_power_of_2(max(K, 1)))), None)
+        bm, bn = (min(1024, max(16, next_power_of_2(d))) for d in (M, N))
+        return gemm_tiles(M, N, K, elem_size, 1, bm, bn, min(128, max(16, next_power_of_2(max(K, 1)))), None)
     cfg = gemm_tiles(M, N, K, elem_size, 1, block, block, block, None)
     if block is None and cfg["BLOCK_M"] > 128:
         cfg = gemm_tiles(M, N, K, elem_size, 1, 128, None, None, None)
@@ -291,13 +291,13 @@ def _gemm(a, b, c, scale=None, acc=None, splits=1, block=None):
         return 1
     cfg = _tiles(M, N, K, a.element_size(), block)
     bk = cfg["BLOCK_K"]
-    k_per_split = triton.cdiv(triton.cdiv(max(K, 1), splits), bk) * bk
-    splits = triton.cdiv(max(K, 1), k_per_split)
+    k_per_split = cdiv(cdiv(max(K, 1), splits), bk) * bk
+    splits = cdiv(max(K, 1), k_per_split)
     if c.dim() == 3:
         c_rows, c_split = c.stride(1), c.stride(0)
     else:
         c_rows, c_split = c.stride(0), 0
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), splits)
+    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), splits)
     _gemm_kernel[grid](a, b, c, acc if acc is not None else c, scale if scale is not None else c,
                        M, N, K, k_per_split, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c_rows, c_split,
                        SCALED=scale is not None, ACCUMULATE=acc is not None, EVEN_K=K % bk == 0,
@@ -309,13 +309,13 @@ def _dh_splits(device, M, N, K, elem_size, block, num_splits):
     """How many programs share dh's sum over V: enough output tiles to fill the GPU (dh has
     C / BLOCK_M x H / BLOCK_N tiles, 96 at C 1024, H 1536), at least 4 K tiles each."""
     cfg = _tiles(M, N, K, elem_size, block)
-    most = max(1, triton.cdiv(K, 4 * cfg["BLOCK_K"]))
+    most = max(1, cdiv(K, 4 * cfg["BLOCK_K"]))
     if num_splits is not None:
-        return max(1, min(num_splits, triton.cdiv(max(K, 1), cfg["BLOCK_K"])))
+        return max(1, min(num_splits, cdiv(max(K, 1), cfg["BLOCK_K"])))
     if interpreting() or device.type != "cuda":
         return 1
-    tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-    return max(1, min(triton.cdiv(_sm_count(device), tiles), most, 16))
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    return max(1, min(cdiv(_sm_count(device), tiles), most, 16))
 
 
 GEMMS = ("triton", "torch")
@@ -402,10 +402,10 @@ def plan_chunks(N, V, H, elem_size, chunk_size=None, logits_rows=None, dw_accumu
     R = C / 2 (fewer logits rows read W more often: at a fixed size C / R of 2 costs the least
     traffic here), both at least 16 and at most N rounded up (dh's fp32 [C, H], under 1% of a
     chunk, not counted)."""
-    top = max(16, triton.next_power_of_2(max(N, 1)))
+    top = max(16, next_power_of_2(max(N, 1)))
     if chunk_size is None:
         if dw_accumulation == "dtype":
-            liger_rows = triton.next_power_of_2(max(1, triton.cdiv(N, max(1, triton.cdiv(V, max(H, 1))))))
+            liger_rows = next_power_of_2(max(1, cdiv(N, max(1, cdiv(V, max(H, 1))))))
             rows = (liger_rows * elem_size) // (elem_size + 2)
         else:
             rows = (H * elem_size) // (elem_size + 1)
@@ -421,7 +421,7 @@ def _scaled(x, out, g=None):
     n = x.numel()
     if n:
         block = 1024
-        _scale_kernel[(triton.cdiv(n, block),)](x, out, g if g is not None else x, n, HAS_SCALE=g is not None,
+        _scale_kernel[(cdiv(n, block),)](x, out, g if g is not None else x, n, HAS_SCALE=g is not None,
                                                 BLOCK=block, num_warps=4)
     return out
 
@@ -552,7 +552,7 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
     C, R = min(C, max(N, 1)), min(R, max(N, 1))
     fp32_w = W.dtype == torch.float32
     in_dtype = dw_accumulation == "dtype" and not fp32_w       # dW (+)= each chunk's GEMM, rounded each time
-    n_chunks = triton.cdiv(N, C)
+    n_chunks = cdiv(N, C)
     use_torch = _use_torch_gemms(h, gemm, block, n_chunks)
     # torch's dW GEMM into dW in W's dtype takes its scale as a host number: s (1/n, on the device)
     # goes into the gradient logits instead, (p - q) d s 2^k, and 2^-k is addmm's alpha
@@ -567,10 +567,10 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
                                          if n_chunks > 1 or use_torch else None)
     if N and n_chunks:
         # The Triton path's rows 64-byte aligned; torch's buffers contiguous (cuBLAS's operands)
-        padded = V if use_torch else triton.cdiv(V, 16) * 16
+        padded = V if use_torch else cdiv(V, 16) * 16
         logits = allocate((R, padded), torch.float32, device, name="logits")[:, :V]
         grads = allocate((C, padded), h.dtype, device, name="grad_logits")[:, :V]
-        bv = block_v or min(_MAX_BLOCK_V, triton.next_power_of_2(V))
+        bv = block_v or min(_MAX_BLOCK_V, next_power_of_2(V))
         ce_warps = 4 if bv <= 1024 else (8 if bv <= 4096 else 16)
         if use_torch:
             splits, parts = 1, None
@@ -613,7 +613,7 @@ def fused_linear_cross_entropy(h: torch.Tensor, W: torch.Tensor, labels: torch.T
             else:
                 used = _gemm(g, Wt, parts[:, :rows], scale=scale, splits=splits, block=block)
                 n = rows * H
-                _sum_splits_kernel[(triton.cdiv(n, 1024),)](parts, dh[c0:c0 + rows], n, parts.stride(0), used,
+                _sum_splits_kernel[(cdiv(n, 1024),)](parts, dh[c0:c0 + rows], n, parts.stride(0), used,
                                                            BLOCK=1024)
             target = acc if acc is not None else dw
             _gemm(g.t(), h_rows.t(), target, scale=scale, acc=target if c0 > 0 else None, block=block)

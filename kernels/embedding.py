@@ -35,8 +35,8 @@ import triton
 import triton.language as tl
 
 from kernels._device import kahan_add, row_offsets
-from kernels._launch import (allocate, check_count, check_same_device, check_tensor, check_validate, error_word,
-                             leading_layout, new_out, report_errors)
+from kernels._launch import (allocate, cdiv, check_count, check_same_device, check_tensor, check_validate, error_word,
+                             leading_layout, new_out, next_power_of_2, report_errors)
 from kernels._variants import by_alignment
 
 INT_DTYPES = (torch.int32, torch.int64)
@@ -73,7 +73,7 @@ def _tile(H: int, block_cols: int | None):
         return _default_tile(H)
     if not isinstance(block_cols, int) or block_cols < 1 or block_cols & (block_cols - 1):
         raise ValueError(f"block_cols: expected a power of two >= 1, got {block_cols}")
-    return _tile_of(min(block_cols, triton.next_power_of_2(max(H, 1))))
+    return _tile_of(min(block_cols, next_power_of_2(max(H, 1))))
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,7 +81,7 @@ def _default_tile(H: int):
     # A tile width that divides H when H has a power-of-two factor >= 128 (1536 = 3 x 512):
     # 1024-wide tiles would leave a third of the second tile masked.
     low_bit = H & -H if H else 1
-    return _tile_of(min(low_bit if low_bit >= 128 else triton.next_power_of_2(max(H, 1)), _MAX_BLOCK_H))
+    return _tile_of(min(low_bit if low_bit >= 128 else next_power_of_2(max(H, 1)), _MAX_BLOCK_H))
 
 
 def _tile_of(block_h: int):
@@ -113,7 +113,7 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | Non
         return out
     flat = ids.reshape(-1)          # a view when the layout allows, else a (small) copy
     block_t, block_h, num_warps = _tile(H, block_cols)
-    grid = (triton.cdiv(n_tokens, block_t), triton.cdiv(H, block_h))
+    grid = (cdiv(n_tokens, block_t), cdiv(H, block_h))
     count = validate is not False
     bad = error_word(table.device, validate) if count else out
     _embedding_kernel[grid](flat, table, out, bad, n_tokens, V, H, flat.stride(0), table.stride(0), table.stride(1),
@@ -230,7 +230,7 @@ def embedding_backward(dout: torch.Tensor, ids: torch.Tensor, num_embeddings: in
     block_v = block_rows if block_rows is not None else block_t
     count = validate is not False
     bad = error_word(dout.device, validate) if count else out_dtable
-    grid = (triton.cdiv(V, block_v), triton.cdiv(H, block_h))
+    grid = (cdiv(V, block_v), cdiv(H, block_h))
     _embedding_backward_kernel[grid](sorted_ids, order, dout, out_dtable, bad, n_tokens, V, H, n1, n2, ds0, ds1, ds2,
                                      dout.stride(-1), COUNT_BAD=count, LOG_N=n_tokens.bit_length(),
                                      BLOCK_V=block_v, BLOCK_H=block_h, num_warps=num_warps)

@@ -35,7 +35,8 @@ import triton
 import triton.language as tl
 
 from kernels._device import gemm_tile, grouped_tile, load_tile
-from kernels._launch import _fmt_dtype, allocate, check_same_device, check_same_dtype, check_tensor, new_out, row_tile
+from kernels._launch import (_fmt_dtype, allocate, cdiv, check_same_device, check_same_dtype, check_tensor, new_out,
+                             next_power_of_2, row_tile)
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.gemm import _check_bias, _fit_strides, _programs, _SHARED_BYTES, _tma_aligned
@@ -266,7 +267,7 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, gran
         return out, (scale if scale is not None else scale_out)
     x2 = x.reshape(M, D)
     block_m, block_d, single, warps = row_tile(D, block_cols)
-    grid = (triton.cdiv(M, block_m),)
+    grid = (cdiv(M, block_m),)
     mode = "given" if scale is not None else granularity
     amax = None
     if mode == "tensor":
@@ -315,9 +316,9 @@ def _mm_config(M, N, K, block_m, block_n, block_k, group_m):
     _check_mm_block("block_k", block_k, 32)
     if group_m is not None and (isinstance(group_m, bool) or not isinstance(group_m, int) or group_m < 1):
         raise ValueError(f"group_m: expected an int >= 1, got {group_m!r}")
-    bm = block_m or min(128, max(16, triton.next_power_of_2(M)))
-    bn = block_n or min(128, max(16, triton.next_power_of_2(N)))
-    bk = block_k or min(128, max(32, triton.next_power_of_2(max(K, 1))))
+    bm = block_m or min(128, max(16, next_power_of_2(M)))
+    bn = block_n or min(128, max(16, next_power_of_2(N)))
+    bk = block_k or min(128, max(32, next_power_of_2(max(K, 1))))
     stages = 4
     while stages > 2 and stages * (bm + bn) * bk > _SHARED_BYTES:
         stages -= 1
@@ -331,8 +332,8 @@ def _tma_config(M, N, K, out_size, block_m, block_n, block_k, group_m, fast_accu
     fast_accum 128 x 256 x 128 (1315 against 1279); clipped to small ones; shared memory holds
     the stages of a and b tiles and y's tile."""
     base = _mm_config(M, N, K, block_m, block_n, block_k, group_m)     # checks the arguments
-    bm = block_m or min(128 if fast_accum else 256, max(16, triton.next_power_of_2(M)))
-    bn = block_n or min(256 if fast_accum else 128, max(16, triton.next_power_of_2(N)))
+    bm = block_m or min(128 if fast_accum else 256, max(16, next_power_of_2(M)))
+    bn = block_n or min(256 if fast_accum else 128, max(16, next_power_of_2(N)))
     bk = base["BLOCK_K"]
     stages = 3
 
@@ -381,7 +382,7 @@ def fp8_matmul(a8: torch.Tensor, b8: torch.Tensor, scale_a: torch.Tensor, scale_
         a_d = TensorDescriptor.from_tensor(a8, [cfg["BLOCK_M"], cfg["BLOCK_K"]])
         b_d = TensorDescriptor.from_tensor(b8, [cfg["BLOCK_N"], cfg["BLOCK_K"]])
         y_d = TensorDescriptor.from_tensor(out, [cfg["BLOCK_M"], cfg["BLOCK_N"]])
-        programs = _programs(a8.device, triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]))
+        programs = _programs(a8.device, cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]))
         _fp8_matmul_tma_kernel[(programs,)](
             a_d, b_d, scale_a, scale_b, bias if bias is not None else scale_a, y_d, M, N, K, ssa, ssb,
             bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, FAST_ACCUM=fast_accum,
@@ -389,7 +390,7 @@ def fp8_matmul(a8: torch.Tensor, b8: torch.Tensor, scale_a: torch.Tensor, scale_
         return out
     a8 = _fit_strides(a8, cfg["BLOCK_K"])
     b8 = _fit_strides(b8, cfg["BLOCK_K"])
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
     _fp8_matmul_kernel[grid](
         a8, b8, scale_a, scale_b, bias if bias is not None else scale_a, out, M, N, K,
         a8.stride(0), a8.stride(1), b8.stride(0), b8.stride(1), ssa, ssb,

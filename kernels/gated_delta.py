@@ -38,8 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import (allocate, check_finite, check_same_device, check_same_dtype, check_shape, check_tensor,
-                             interpreting, new_out)
+from kernels._launch import (allocate, cdiv, check_finite, check_same_device, check_same_dtype, check_shape,
+                             check_tensor, interpreting, new_out, next_power_of_2)
 from kernels._variants import by_alignment
 
 MAX_HEAD_DIM_K = 256        # the state slice [Dk, BV] lives in registers
@@ -545,8 +545,8 @@ def _block_v(n_programs, Dv, block_v, widest):
     if block_v is not None:
         _power_of_two("block_v", block_v, 16, 128)
         return block_v
-    bv = min(widest, max(16, triton.next_power_of_2(Dv)))
-    while not interpreting() and bv > 16 and n_programs * triton.cdiv(Dv, bv) < 2 * _SMS:
+    bv = min(widest, max(16, next_power_of_2(Dv)))
+    while not interpreting() and bv > 16 and n_programs * cdiv(Dv, bv) < 2 * _SMS:
         bv //= 2
     return bv
 
@@ -632,15 +632,15 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if N * Hv == 0 or (T == 0 and final is None):
         return o, final
 
-    bk = max(16, triton.next_power_of_2(Dk))
+    bk = max(16, next_power_of_2(Dk))
     # 32 value columns beat 64 at every row of the sweep, 16 beat 32 at B 1 (bench/NOTES.md).
     bv = _block_v(N * Hv, Dv, block_v, widest=32)
     precision = "ieee" if interpreting() else GPU_PRECISION
     exact = v.dtype != torch.float32       # 16-bit inputs: TF32 holds them exactly (_dot)
     varlen = cu_seqlens is not None
-    chunks = triton.cdiv(longest, chunk_size)
+    chunks = cdiv(longest, chunk_size)
     rows = B * T
-    su = triton.cdiv(Dv, 16) * 16          # U's row stride (W's is BK): a multiple of 16 whatever Dv
+    su = cdiv(Dv, 16) * 16          # U's row stride (W's is BK): a multiple of 16 whatever Dv
     w = allocate((rows, Hv, bk), torch.float32, v.device, name="w")
     u = allocate((rows, Hv, su), torch.float32, v.device, name="u")
     aqk = allocate((rows, Hv, chunk_size), torch.float32, v.device, name="aqk")
@@ -669,16 +669,16 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             q, k, v, g, beta, cu, w, u, aqk, e_g, q_f, k_f, T, Hv, Hv // Hk, Dk, Dv, su, scale,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), int(varlen), int(use_qk_l2norm),
             BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, _LAUNCH["prepare_bkc"]),
-            BV=min(64, max(16, triton.next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
+            BV=min(64, max(16, next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
             num_warps=_prepare_warps(bk))
-    _gdn_state_kernel[(N * Hv, triton.cdiv(Dv, bv))](
+    _gdn_state_kernel[(N * Hv, cdiv(Dv, bv))](
         k, v, w, u, e_g, k_f, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
         *k.stride(), *v.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
         BT=chunk_size, BK=bk, BV=bv, EXACT=exact, PRECISION=precision,
         num_warps=_state_warps(bk, bv), num_stages=_LAUNCH["state_stages"])
     if chunks:
-        bvo = min(64 if Dk <= 128 else 32, max(16, triton.next_power_of_2(Dv)))
-        _gdn_output_kernel[(chunks, N * Hv, triton.cdiv(Dv, bvo))](
+        bvo = min(64 if Dk <= 128 else 32, max(16, next_power_of_2(Dv)))
+        _gdn_output_kernel[(chunks, N * Hv, cdiv(Dv, bvo))](
             q, v, u, aqk, e_g, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
             *q.stride(), *v.stride(), *o.stride()[:3], int(varlen),
             BT=chunk_size, BK=bk, BV=bvo, EXACT=exact, PRECISION=precision,
@@ -716,9 +716,9 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
     o = new_out(out, (B, Hv, Dv), v.dtype, v.device)
     if B * Hv == 0:
         return o
-    bk = max(16, triton.next_power_of_2(Dk))
+    bk = max(16, next_power_of_2(Dk))
     bv = _block_v(B * Hv, Dv, block_v, widest=64 if Dk <= 128 else 32)   # the state tile fits registers
-    _gdn_decode_kernel[(B * Hv, triton.cdiv(Dv, bv))](
+    _gdn_decode_kernel[(B * Hv, cdiv(Dv, bv))](
         q, k, v, g, beta, state, o, Hv, Hv // Hk, Dk, Dv, scale,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), *state.stride(), *o.stride()[:2],
         int(use_qk_l2norm), BK=bk, BV=bv, num_warps=4)

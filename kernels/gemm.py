@@ -37,7 +37,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._device import activate, gemm_tile, grouped_tile, times_activation_grad
-from kernels._launch import allocate, check_same_device, check_same_dtype, check_tensor, interpreting, new_out
+from kernels._launch import (allocate, cdiv, check_same_device, check_same_dtype, check_tensor, interpreting, new_out,
+                             next_power_of_2)
 from kernels._reduce import partials, sum_row_groups
 from kernels._variants import by_alignment
 
@@ -178,9 +179,9 @@ def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m, a
     bm = 256 if M >= 4096 and N >= 256 and n_weights == 1 and elem_size <= 2 else 128
     bn = 128 if elem_size <= 2 else 128 // n_weights     # fp32: two 128 x 128 accumulators would spill
     bk = 64 if elem_size <= 2 else 32
-    bm = block_m or min(bm, max(16, triton.next_power_of_2(M)))
-    bn = block_n or min(bn, max(16, triton.next_power_of_2(N)))
-    bk = block_k or min(bk, max(16, triton.next_power_of_2(max(K, 1))))
+    bm = block_m or min(bm, max(16, next_power_of_2(M)))
+    bn = block_n or min(bn, max(16, next_power_of_2(N)))
+    bk = block_k or min(bk, max(16, next_power_of_2(max(K, 1))))
     warps = 8 if bm * bn >= 128 * 64 else 4
     stages = 4 if elem_size <= 2 and bm * bn <= 128 * 128 else 3
 
@@ -255,9 +256,9 @@ def _tma_config(M, N, K, n_weights, block_m, block_n, block_k, group_m):
     arguments win. Shared memory holds the stages of a and weight tiles and y's tile."""
     for name, v in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
         _check_block(name, v)
-    bm = block_m or min(128, max(16, triton.next_power_of_2(M)))
-    bn = block_n or min(256 // n_weights, max(16, triton.next_power_of_2(N)))
-    bk = block_k or min(64, max(16, triton.next_power_of_2(max(K, 1))))
+    bm = block_m or min(128, max(16, next_power_of_2(M)))
+    bn = block_n or min(256 // n_weights, max(16, next_power_of_2(N)))
+    bk = block_k or min(64, max(16, next_power_of_2(max(K, 1))))
     stages = 3 if n_weights == 1 else 4
 
     def shared(bk, stages):
@@ -322,7 +323,7 @@ def _launch_tma(x2, w, biases, out2, activation, cfg, gated):
         w_d = TensorDescriptor.from_tensor(w, [bn, bk])
     y_d = TensorDescriptor.from_tensor(out2, [bm, bn])
     b, b2 = biases
-    programs = _programs(x2.device, triton.cdiv(M, bm) * triton.cdiv(N, bn))
+    programs = _programs(x2.device, cdiv(M, bm) * cdiv(N, bn))
     _gemm_tma_kernel[(programs,)](
         a_d, w_d, b if b is not None else out2, b2 if b2 is not None else out2, y_d, M, N, K,
         b.stride(0) if b is not None else 0, b2.stride(0) if b2 is not None else 0,
@@ -340,8 +341,8 @@ def _small_m_config(N, K):
     A vocabulary-sized N has programs to spare and keeps 128 x 256 tiles (LM head 116 -> 110 us,
     cuBLAS 110)."""
     bn, bk = (128, 256) if N >= 16384 else (32, 512)
-    bn = min(bn, max(16, triton.next_power_of_2(N)))
-    bk = min(bk, max(16, triton.next_power_of_2(max(K, 1))))
+    bn = min(bn, max(16, next_power_of_2(N)))
+    bk = min(bk, max(16, next_power_of_2(max(K, 1))))
     return dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=3)
 
 
@@ -376,7 +377,7 @@ def _launch(x2, weights, biases, out2, activation, cfg, gated):
     weights = [_fit_strides(w, cfg["BLOCK_K"]) for w in weights]
     w, w2 = weights[0], weights[-1]
     b, b2 = biases
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
     _gemm_kernel[grid](
         x2, w, w2, b if b is not None else w, b2 if b2 is not None else w, out2, M, N, K,
         x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), w2.stride(0), w2.stride(1),
@@ -597,7 +598,7 @@ def _gemm_sum(a, b, c, pairs_precision, block_m, block_n, block_k, group_m, a2=N
         a2, b2 = _fit_inner(a2, 1, bk), _fit_inner(b2, 0, bk)
     else:
         a2, b2, a2_lo = a, b, a_lo
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
     _gemm_sum_kernel[grid](a, a_lo if split else a, b, a2, a2_lo if split else a2, b2, c, M, N, K,
                            a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                            a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), c.stride(0),
@@ -652,11 +653,11 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
     else:
         dz = dz_lo = allocate((M, 2 * N), torch.float32, device, name="dz")
     cfg = _config(M, N, K, 2 if native else 4, 2, block_m, block_n, block_k, group_m)
-    n_m_tiles = triton.cdiv(M, cfg["BLOCK_M"])
+    n_m_tiles = cdiv(M, cfg["BLOCK_M"])
     has_bias = b_gate is not None or b_up is not None
     part = partials(n_m_tiles, 2 * N, device, "db_partials") if has_bias else dz
     xk, wg, wu = (_fit_inner(t, 1, cfg["BLOCK_K"]) for t in (x2, w_gate, w_up))
-    _swiglu_dz_kernel[(n_m_tiles * triton.cdiv(N, cfg["BLOCK_N"]),)](
+    _swiglu_dz_kernel[(n_m_tiles * cdiv(N, cfg["BLOCK_N"]),)](
         xk, wg, wu, b_gate if b_gate is not None else wg, b_up if b_up is not None else wg, dy2, dz, dz_lo, part,
         M, N, K, xk.stride(0), xk.stride(1), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1),
         b_gate.stride(0) if b_gate is not None else 0, b_up.stride(0) if b_up is not None else 0,

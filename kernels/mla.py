@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import (allocate, bad_pages, check_finite, check_same_device, check_same_dtype, check_tensor,
-                             check_validate, error_word, interpreting, merge_splits, new_out, paged_detail,
-                             paged_host_word, paged_problems, report_errors)
+from kernels._launch import (allocate, bad_pages, cdiv, check_finite, check_same_device, check_same_dtype, check_tensor,
+                             check_validate, error_word, interpreting, merge_splits, new_out, next_power_of_2,
+                             paged_detail, paged_host_word, paged_problems, report_errors)
 from kernels._variants import by_alignment
 
 _LOG2E = 1.4426950408889634
@@ -229,10 +229,10 @@ def _tiles(rows, L, R, elem_size, length, block_h=None, block_n=None, num_warps=
         raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {num_warps!r}")
     if num_stages is not None and (isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1):
         raise ValueError(f"num_stages: expected an int >= 1, got {num_stages!r}")
-    bl = max(16, triton.next_power_of_2(max(L, 1)))
-    br = max(16, triton.next_power_of_2(max(R, 1)))
-    fit_rows = max(16, triton.next_power_of_2(max(rows, 1)))
-    fit_len = max(16, triton.next_power_of_2(max(length, 1)))
+    bl = max(16, next_power_of_2(max(L, 1)))
+    br = max(16, next_power_of_2(max(R, 1)))
+    fit_rows = max(16, next_power_of_2(max(rows, 1)))
+    fit_len = max(16, next_power_of_2(max(length, 1)))
     if not gpu:
         bh, bn, warps, stages = 64, 64, 4, 1
     elif elem_size == 4:
@@ -282,17 +282,17 @@ def _splits(programs, length, block_n, num_splits, device, block_h=64):
     if auto:
         if device.type != "cuda":
             sms, (per_sm, min_tiles) = _INTERPRETER_SMS, _SPLIT_PLAN["interpreter"]
-            wanted = triton.cdiv(per_sm * sms, max(1, programs))
+            wanted = cdiv(per_sm * sms, max(1, programs))
         else:
             sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
             per_sm, min_tiles = _SPLIT_PLAN["narrow" if block_h <= 32 else "wide"]
             wanted = per_sm * sms // max(1, programs)
-        num_splits = max(1, min(wanted, triton.cdiv(length, min_tiles * block_n), _MAX_GRID_YZ))
+        num_splits = max(1, min(wanted, cdiv(length, min_tiles * block_n), _MAX_GRID_YZ))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= _MAX_GRID_YZ:
         raise ValueError(f"num_splits: expected an int in [1, {_MAX_GRID_YZ}], got {num_splits!r}")
-    chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), block_n) * block_n
+    chunk = cdiv(cdiv(max(length, 1), num_splits), block_n) * block_n
     if auto and device.type == "cuda":
-        num_splits = triton.cdiv(max(length, 1), chunk)
+        num_splits = cdiv(max(length, 1), chunk)
     return num_splits, chunk
 
 
@@ -380,7 +380,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
     # Tiles and splits are planned on the capacity: the lengths stay on the device.
     bh, bn, bl, br, warps, stages = _tiles(rows, L, R, q_nope.element_size(), capacity, block_h, block_n, num_warps,
                                            num_stages, gpu=not interpreting())
-    row_blocks = triton.cdiv(rows, bh)
+    row_blocks = cdiv(rows, bh)
     splits, chunk = _splits(B * row_blocks, capacity, bn, num_splits, q_nope.device, bh)
     table = page_table if page_table is not None else lens
     st_b, st_p = page_table.stride() if page_table is not None else (0, 0)
@@ -405,7 +405,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
                                  qk_scale, FINAL=False, **common)
         _mla_combine_kernel[(rows, B)](part_o, part_ml, o, lse, L, splits, *part_o.stride()[:3], *part_ml.stride()[:3],
                                        o.stride(0), L, lse.stride(0), qk_scale,
-                                       BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_L=bl, num_warps=4)
+                                       BLOCK_S=max(2, next_power_of_2(splits)), BLOCK_L=bl, num_warps=4)
     report_errors(word, validate, "mla_decode", problems, detail)
     return o, lse
 

@@ -24,8 +24,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._device import grouped_tile
-from kernels._launch import (FLOAT_DTYPES, allocate, check_finite, check_same_device, check_same_dtype, check_tensor,
-                            check_validate, error_word, interpreting, new_out, report_errors)
+from kernels._launch import (FLOAT_DTYPES, allocate, cdiv, check_finite, check_same_device, check_same_dtype,
+                             check_tensor, check_validate, error_word, interpreting, new_out, next_power_of_2,
+                             report_errors)
 from kernels._variants import by_alignment
 
 MAX_EXPERTS = 1024
@@ -131,13 +132,13 @@ def moe_route(logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", bia
     out_weights = new_out(out_weights, (T, top_k), torch.float32, logits.device, "out_weights")
     if T == 0:
         return out_ids, out_weights
-    block_e = triton.next_power_of_2(E)
+    block_e = next_power_of_2(E)
     block_t = max(1, min(16, 1024 // block_e))
-    _route_kernel[(triton.cdiv(T, block_t),)](
+    _route_kernel[(cdiv(T, block_t),)](
         logits, bias if bias is not None else logits, out_ids, out_weights, T, E, logits.stride(0), logits.stride(1),
         bias.stride(0) if bias is not None else 0, scaling,
         TOP_K=top_k, SIGMOID=scoring == "sigmoid", HAS_BIAS=bias is not None, RENORM=renormalize,
-        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k))
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=next_power_of_2(top_k))
     return out_ids, out_weights
 
 
@@ -316,16 +317,16 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sor
     if capacity >= _INT32_MAX:
         raise ValueError(f"topk_ids: {N} entries with {num_experts} experts and block {block} need "
                          f"{capacity} slots, past int32")
-    n_blocks = triton.cdiv(capacity, block)
+    n_blocks = cdiv(capacity, block)
     dev = topk_ids.device
     out_sorted = new_out(out_sorted, (capacity,), torch.int32, dev, "out_sorted")
     out_block_expert = new_out(out_block_expert, (n_blocks,), torch.int32, dev, "out_block_expert")
     out_num = new_out(out_num, (1,), torch.int32, dev, "out_num")
     out_inv = new_out(out_inv, (N,), torch.int32, dev, "out_inv")
     E = num_experts
-    block_e = triton.next_power_of_2(E)
+    block_e = next_power_of_2(E)
     block_n = max(16, min(1024, 8192 // block_e)) if interpreting() else _permute_chunk(block_e)
-    n_chunks = triton.cdiv(N, block_n)
+    n_chunks = cdiv(N, block_n)
     s0, s1 = topk_ids.stride()
     block_f = 1024
     block_j = max(1, min(256, 4096 // block_e))
@@ -333,7 +334,7 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sor
         # One program, its one-hot tile only as tall as the entries (a decode step's few): on the
         # H200 the 128-row tile took 11.5 us of a Qwen3-MoE T 1 call (bench/NOTES.md, Session 6).
         _permute_one_chunk_kernel[(1,)](topk_ids, out_sorted, out_block_expert, out_num, out_inv, N, K, s0, s1, E,
-                                        block, capacity, n_blocks, BLOCK_N=max(16, triton.next_power_of_2(N)),
+                                        block, capacity, n_blocks, BLOCK_N=max(16, next_power_of_2(N)),
                                         BLOCK_E=block_e, BLOCK_F=block_f, BLOCK_J=block_j)
         return out_sorted, out_block_expert, out_num, out_inv
     counts = allocate((max(n_chunks, 1), E), torch.int32, dev, name="counts")
@@ -341,9 +342,9 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, block: int, *, out_sor
     if n_chunks:
         _count_kernel[(n_chunks,)](topk_ids, counts, N, K, s0, s1, E, BLOCK_N=block_n, BLOCK_E=block_e)
         block_x = min(_SCAN["block_x"], block_e)
-        block_c = max(16, min(triton.next_power_of_2(n_chunks), _SCAN["elements"] // block_x))
-        _scan_kernel[(triton.cdiv(E, block_x),)](counts, totals, n_chunks, E, BLOCK_C=block_c, BLOCK_X=block_x)
-    grid = max(triton.cdiv(capacity, block_f), triton.cdiv(n_blocks, block_j), 1)
+        block_c = max(16, min(next_power_of_2(n_chunks), _SCAN["elements"] // block_x))
+        _scan_kernel[(cdiv(E, block_x),)](counts, totals, n_chunks, E, BLOCK_C=block_c, BLOCK_X=block_x)
+    grid = max(cdiv(capacity, block_f), cdiv(n_blocks, block_j), 1)
     _fill_kernel[(grid,)](totals, out_sorted, out_block_expert, out_num, capacity, n_blocks, N, E, block,
                           BLOCK_F=block_f, BLOCK_J=block_j, BLOCK_E=block_e)
     if n_chunks:
@@ -597,7 +598,7 @@ def _moe_blocks(T, K, E, H, I, block_m, elem_size=2):
         t = _DECODE_TILES if block_m == 16 and elem_size == 2 else _POINTER_TILES
 
     def fit(cap, n):
-        return min(cap, max(16, triton.next_power_of_2(n)))
+        return min(cap, max(16, next_power_of_2(n)))
     return (block_m, fit(t["up_n"], I), fit(t["up_k"], H), fit(t["down_n"], H), fit(t["down_k"], I),
             t["warps"], t["stages"])
 
@@ -662,27 +663,27 @@ def _moe_tma(x, I, sorted_ids, block_expert, num, inv, bm, parts, *, ranged=Fals
                                                    down_stages=1, warps=4, group_m=2)
 
     def fit(cap, n):
-        return min(cap, max(16, triton.next_power_of_2(n)))
+        return min(cap, max(16, next_power_of_2(n)))
     bn_up, bk_up = fit(t["up_n"], I), fit(t["up_k"], H)
     bn_dn, bk_dn = fit(t["down_n"], H), fit(t["down_k"], I)
     h = allocate((rows, I), x.dtype, x.device, name="h")
     if partial_dtype is None:
         partial_dtype = torch.bfloat16 if _PARTIALS_IN_BF16 and x.dtype == torch.bfloat16 else torch.float32
     buf = allocate((rows, H), partial_dtype, x.device, name="moe_partial")
-    gather = triton.cdiv(I, bn_up) <= _GATHER_MAX_N_TILES
+    gather = cdiv(I, bn_up) <= _GATHER_MAX_N_TILES
     if gather:
         xs_d = None
     else:
         xs = allocate((rows, H), x.dtype, x.device, name="x_sorted")
-        block_s, block_h = 16, min(512, max(16, triton.next_power_of_2(H)))
-        _moe_gather_kernel[(triton.cdiv(rows, block_s), triton.cdiv(H, block_h))](
+        block_s, block_h = 16, min(512, max(16, next_power_of_2(H)))
+        _moe_gather_kernel[(cdiv(rows, block_s), cdiv(H, block_h))](
             x, xs, sorted_ids, num, N, N // T, H, x.stride(0), x.stride(1), BLOCK_S=block_s, BLOCK_H=block_h)
         xs_d = TensorDescriptor.from_tensor(xs, [bm, bk_up])
     h_up_d = TensorDescriptor.from_tensor(h, [bm, bn_up])
     h_dn_d = TensorDescriptor.from_tensor(h, [bm, bk_dn])
     buf_d = TensorDescriptor.from_tensor(buf, [bm, bn_dn])
-    programs_up = _tma_programs(x.device, block_expert.shape[0] * triton.cdiv(I, bn_up))
-    programs_dn = _tma_programs(x.device, block_expert.shape[0] * triton.cdiv(H, bn_dn))
+    programs_up = _tma_programs(x.device, block_expert.shape[0] * cdiv(I, bn_up))
+    programs_dn = _tma_programs(x.device, block_expert.shape[0] * cdiv(H, bn_dn))
     for w13_c, w2_c, e_base, block_range in parts:
         w13_d = TensorDescriptor(w13_c, [2 * w13_c.shape[0], I, H], [I * H, H, 1], [2, bn_up, bk_up])
         _moe_up_tma_kernel[(programs_up,)](xs_d, x, sorted_ids, w13_d, h_up_d, block_expert, num, block_range, e_base,
@@ -708,11 +709,11 @@ def _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m):
     h = allocate((capacity, I), x.dtype, x.device, name="h")
     buf = allocate((capacity, H), torch.float32, x.device, name="moe_partial")
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    tiles_up = triton.cdiv(I, bn_up)
+    tiles_up = cdiv(I, bn_up)
     _moe_up_kernel[(n_blocks * tiles_up,)](
         x, w13, h, sorted_ids, block_expert, N, K, H, I, x.stride(0), x.stride(1), *w13.stride(), tiles_up,
         BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, PRECISION=precision, num_warps=warps, num_stages=stages)
-    tiles_dn = triton.cdiv(H, bn_dn)
+    tiles_dn = cdiv(H, bn_dn)
     _moe_down_kernel[(n_blocks * tiles_dn,)](
         h, w2, buf, sorted_ids, block_expert, N, H, I, *w2.stride(), tiles_dn,
         BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, PRECISION=precision, num_warps=warps, num_stages=stages)
@@ -729,8 +730,8 @@ def _combine(buf, inv, topk_weights, out, E, topk_ids, validate, launcher):
     bad = error_word(out.device, validate) if count else buf
     c = _COMBINE
     block_t = c["block_t"]
-    block_n = min(c["block_n"], max(16, triton.next_power_of_2(H)))
-    _moe_combine_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
+    block_n = min(c["block_n"], max(16, next_power_of_2(H)))
+    _moe_combine_kernel[(cdiv(T, block_t), cdiv(H, block_n))](
         buf, inv, topk_weights, bad, out, T, H, K, *topk_weights.stride(), COUNT_BAD=count,
         K_UNROLLED=K if K <= c["unroll"] else 0, BLOCK_T=block_t, BLOCK_N=block_n, num_warps=c["warps"])
     if count:
@@ -993,10 +994,10 @@ def _moe_mxfp4_blocks(T, K, E, H, I, block_m):
         block_m = 16 if interpreting() or T * K <= 4 * E * 16 else 64
     t = _MXFP4_TILES
     cap_n_up, cap_n_dn, cap_k = (64, 64, 64) if interpreting() else (t["up_n"], t["down_n"], t["k"])
-    bn_up = min(cap_n_up, max(16, triton.next_power_of_2(I)))
-    bk_up = min(cap_k, max(MXFP4_BLOCK, triton.next_power_of_2(H)))
-    bn_dn = min(cap_n_dn, max(16, triton.next_power_of_2(H)))
-    bk_dn = min(cap_k, max(MXFP4_BLOCK, triton.next_power_of_2(I)))
+    bn_up = min(cap_n_up, max(16, next_power_of_2(I)))
+    bk_up = min(cap_k, max(MXFP4_BLOCK, next_power_of_2(H)))
+    bn_dn = min(cap_n_dn, max(16, next_power_of_2(H)))
+    bk_dn = min(cap_k, max(MXFP4_BLOCK, next_power_of_2(I)))
     return block_m, bn_up, bk_up, bn_dn, bk_dn
 
 
@@ -1127,13 +1128,13 @@ def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2
     op_up = _BF16_SCALED if scaled and bk_up >= 64 else operand
     op_dn = _BF16_SCALED if scaled and bk_dn >= 64 else operand
     precision = "ieee" if x.dtype == torch.float32 else "tf32"      # (only fp32 operands read it)
-    tiles_up = triton.cdiv(I, bn_up)
+    tiles_up = cdiv(I, bn_up)
     _moe_mxfp4_up_kernel[(n_blocks * tiles_up,)](
         x, w13_q, w13_scales, h, sorted_ids, block_expert, N, K, H, I, x.stride(0), x.stride(1),
         *w13_q.stride(), *w13_scales.stride(), tiles_up,
         BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=bk_up, OPERAND=op_up, PRECISION=precision,
         num_warps=_MXFP4_TILES["warps"], num_stages=_MXFP4_TILES["stages"])
-    tiles_dn = triton.cdiv(H, bn_dn)
+    tiles_dn = cdiv(H, bn_dn)
     _moe_mxfp4_down_kernel[(n_blocks * tiles_dn,)](
         h, w2_q, w2_scales, buf, sorted_ids, block_expert, N, H, I, *w2_q.stride(), *w2_scales.stride(), tiles_dn,
         BLOCK_M=bm, BLOCK_N=bn_dn, BLOCK_K=bk_dn, OPERAND=op_dn, PRECISION=precision,

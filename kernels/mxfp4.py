@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_same_device, check_tensor, new_out
+from kernels._launch import cdiv, check_same_device, check_tensor, new_out, next_power_of_2
 from kernels._variants import by_alignment
 
 BLOCK = 32
@@ -217,8 +217,8 @@ def _tiles(M, K, block_m, block_k):
     """(BLOCK_M, BLOCK_K): up to 256 columns (8 blocks) and about 4096 elements a program."""
     _check_block("block_m", block_m, 1)
     _check_block("block_k", block_k, BLOCK)
-    bk = block_k or min(256, triton.next_power_of_2(max(K, BLOCK)))
-    bm = block_m or max(1, min(64, 4096 // bk, triton.next_power_of_2(max(M, 1))))
+    bk = block_k or min(256, next_power_of_2(max(K, BLOCK)))
+    bm = block_m or max(1, min(64, 4096 // bk, next_power_of_2(max(M, 1))))
     return bm, bk
 
 
@@ -241,7 +241,7 @@ def quantize_mxfp4(x: torch.Tensor, *, out: torch.Tensor | None = None, scales_o
     if M == 0 or K == 0:
         return out, scales_out
     x2 = x.reshape(M, K)            # a view where the leading dims merge, else a copy
-    grid = (triton.cdiv(M, bm), triton.cdiv(K, bk))
+    grid = (cdiv(M, bm), cdiv(K, bk))
     _quantize_mxfp4_kernel[grid](x2, out, scales_out, M, K, x2.stride(0), x2.stride(1),
                                  IS_BF16=x.dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_K=bk, num_warps=4)
     return out, scales_out
@@ -272,7 +272,7 @@ def dequantize_mxfp4(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dty
     if M == 0 or K == 0:
         return out
     q2, s2 = codes.reshape(M, K // 2), scales.reshape(M, K // BLOCK)
-    grid = (triton.cdiv(M, bm), triton.cdiv(K, bk))
+    grid = (cdiv(M, bm), cdiv(K, bk))
     _dequantize_mxfp4_kernel[grid](q2, s2, out, M, K, q2.stride(0), q2.stride(1), s2.stride(0), s2.stride(1),
                                    OUT_BF16=dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_K=bk, num_warps=4)
     return out

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels._device import kahan_add, load_tile, row_offsets
-from kernels._launch import (allocate, check_count, check_finite, check_same_device, check_same_dtype,
+from kernels._launch import (allocate, cdiv, check_count, check_finite, check_same_device, check_same_dtype,
                              check_shape, check_tensor, leading_layout, new_out, row_tile)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
 from kernels._variants import by_alignment
@@ -189,7 +189,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, *, out: torch.T
         return out
     (x,), n_rows, D, n1, n2, ((xs0, xs1, xs2),) = _rows_layout(x)
     block_m, block_d, single, num_warps = row_tile(D, block_cols)
-    _rmsnorm_kernel[(triton.cdiv(n_rows, block_m),)](
+    _rmsnorm_kernel[(cdiv(n_rows, block_m),)](
         x, w, out, n_rows, D, n1, n2, xs0, xs1, xs2, x.stride(-1), w.stride(0), eps,
         BLOCK_M=block_m, BLOCK_D=block_d, SINGLE_PASS=single, num_warps=num_warps)
     return out
@@ -210,7 +210,7 @@ def layernorm(x: torch.Tensor, w: torch.Tensor | None = None, b: torch.Tensor | 
         return out
     (x,), n_rows, D, n1, n2, ((xs0, xs1, xs2),) = _rows_layout(x)
     block_m, block_d, single, num_warps = row_tile(D, block_cols)
-    _layernorm_kernel[(triton.cdiv(n_rows, block_m),)](
+    _layernorm_kernel[(cdiv(n_rows, block_m),)](
         x, w if w is not None else x, b if b is not None else x, out, n_rows, D, n1, n2,
         xs0, xs1, xs2, x.stride(-1), w.stride(0) if w is not None else 0,
         b.stride(0) if b is not None else 0, eps, HAS_W=w is not None, HAS_B=b is not None,
@@ -233,7 +233,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: f
         return out, out_residual
     (x, residual), n_rows, D, n1, n2, ((xs0, xs1, xs2), (rs0, rs1, rs2)) = _rows_layout(x, residual)
     block_m, block_d, single, num_warps = row_tile(D, block_cols)
-    _add_rmsnorm_kernel[(triton.cdiv(n_rows, block_m),)](
+    _add_rmsnorm_kernel[(cdiv(n_rows, block_m),)](
         x, residual, w, out, out_residual, n_rows, D, n1, n2, xs0, xs1, xs2, x.stride(-1),
         rs0, rs1, rs2, residual.stride(-1), w.stride(0), eps,
         BLOCK_M=block_m, BLOCK_D=block_d, SINGLE_PASS=single, num_warps=num_warps)

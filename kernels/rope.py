@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 
 from kernels._device import kahan_add
-from kernels._launch import (check_finite, check_same_device, check_same_dtype, check_shape,
-                             check_tensor, new_out)
+from kernels._launch import (cdiv, check_finite, check_same_device, check_same_dtype, check_shape, check_tensor,
+                             new_out, next_power_of_2)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
 from kernels._variants import by_alignment
 
@@ -153,16 +153,16 @@ def _tile(H: int, per_head: int) -> tuple[int, int]:
     less of it. Measured on an H200 at B8 S4096 32/8 heads x 128, bf16: 32 heads with 2 warps
     3886 GB/s, with 8 warps 3117."""
     fit = max(1, 4096 // per_head)
-    block_h = min(triton.next_power_of_2(H), 1 << (fit.bit_length() - 1))    # powers of two
-    return block_h, min(8, triton.next_power_of_2(max(1, block_h * per_head // 2048)))
+    block_h = min(next_power_of_2(H), 1 << (fit.bit_length() - 1))    # powers of two
+    return block_h, min(8, next_power_of_2(max(1, block_h * per_head // 2048)))
 
 
 def _blocks(H, D, rotary_dim):
     """(BLOCK_HALF, BLOCK_PASS, pass-through dims, heads per program, warps) of a [*, H, D] launch."""
     half = rotary_dim // 2
-    block_half = triton.next_power_of_2(half)
+    block_half = next_power_of_2(half)
     n_pass = D - rotary_dim
-    block_pass = triton.next_power_of_2(max(n_pass, 1))
+    block_pass = next_power_of_2(max(n_pass, 1))
     per_head = 2 * block_half + (block_pass if n_pass > 0 else 0)
     return (block_half, block_pass, n_pass, *_tile(H, per_head))
 
@@ -170,7 +170,7 @@ def _blocks(H, D, rotary_dim):
 def _launch(x, positions, w, eps, theta, style, rotary_dim, out, norm, inverse=False):
     B, T, H, D = x.shape
     block_half, block_pass, n_pass, block_h, num_warps = _blocks(H, D, rotary_dim)
-    grid = (B * T, triton.cdiv(H, block_h))
+    grid = (B * T, cdiv(H, block_h))
     _rope_kernel[grid](
         x, positions, _inv_freq(theta, rotary_dim, x.device), w if w is not None else x, out,
         T, H, D, rotary_dim // 2, *x.stride(), *positions.stride(), w.stride(0) if w is not None else 0, eps,
@@ -335,7 +335,7 @@ def rmsnorm_rope_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, po
         out_dw.zero_()                      # a sum over no rows
         return out_dx, out_dw
     block_half, block_pass, n_pass, block_h, num_warps = _blocks(H, D, rotary_dim)
-    n_head_blocks = triton.cdiv(H, block_h)
+    n_head_blocks = cdiv(H, block_h)
     n_groups, per_group = plan_row_groups(B * T, 1, n_head_blocks, row_groups)
     part = partials(n_groups * n_head_blocks, D, x.device, "dw_partials")
     _rmsnorm_rope_backward_kernel[(n_groups, n_head_blocks)](

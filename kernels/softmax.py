@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from kernels._device import kahan_add, load_tile, row_offsets
-from kernels._launch import (check_finite, check_same_device, check_same_dtype, check_shape, check_tensor,
+from kernels._launch import (cdiv, check_finite, check_same_device, check_same_dtype, check_shape, check_tensor,
                              leading_layout, new_out, row_tile)
 from kernels._variants import by_alignment
 
@@ -113,7 +113,7 @@ def softmax(x: torch.Tensor, scale: float = 1.0, causal: bool = False, *, out: t
     n1, n2, ((xs0, xs1, xs2),) = layout
     n_rows = x.numel() // N
     block_m, block_n, single, num_warps = row_tile(N, block_cols)
-    _softmax_kernel[(triton.cdiv(n_rows, block_m),)](
+    _softmax_kernel[(cdiv(n_rows, block_m),)](
         x, out, n_rows, M, N, n1, n2, xs0, xs1, xs2, x.stride(-1), scale * _LOG2E,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, num_warps=num_warps)
     return out
@@ -196,7 +196,7 @@ def softmax_backward(dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0, caus
     n1, n2, (dstrides, ystrides) = layout
     n_rows = dy.numel() // N
     block_m, block_n, single, num_warps = row_tile(N, block_cols)
-    _softmax_backward_kernel[(triton.cdiv(n_rows, block_m),)](
+    _softmax_backward_kernel[(cdiv(n_rows, block_m),)](
         dy, y, out_dx, n_rows, M, N, n1, n2, *dstrides, dy.stride(-1), *ystrides, y.stride(-1), scale,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, num_warps=num_warps)
     return out_dx
