@@ -38,6 +38,7 @@ from kernels._variants import by_alignment
 APPROXIMATIONS = ("none", "tanh")
 _MAX_BLOCK_N = 1024
 _TILE = 4096      # elements a program moves: short rows are packed several to a program
+_BACKWARD_TILE = 1024   # the same for bias_gelu_backward (_backward_tile)
 
 
 @triton.jit
@@ -94,6 +95,18 @@ def _tile(n_cols: int, block_cols: int | None, approximate: str = "none"):
     block_m = max(1, min(64, tile // block_n))
     num_warps = 4 if block_m * block_n <= 4096 else 8
     return block_m, block_n, num_warps
+
+
+def _backward_tile(n_cols: int, block_cols: int | None):
+    """(BLOCK_M, BLOCK_N, num_warps) of bias_gelu_backward: tiles of 1024 elements on 4 warps for
+    both forms. The forward's tiles carry the backward's two fp32 accumulators badly: H200, bf16,
+    T 16384 x N 8960 (bench/explore_backward.py): tanh 1104 us on the forward's 8 x 1024 x 8,
+    431 us on 1 x 1024 x 4 (the best of 12 tiles); erf 531 us on 4 x 1024 x 4, 507 on 1 x 1024 x 4."""
+    if block_cols is not None:
+        block_n = _tile(n_cols, block_cols)[1]          # validated there
+    else:
+        block_n = min(next_power_of_2(max(n_cols, 1)), _BACKWARD_TILE)
+    return max(1, min(64, _BACKWARD_TILE // block_n)), block_n, 4
 
 
 def _check_bias_approximate(y, bias, approximate):
@@ -204,7 +217,7 @@ def bias_gelu_backward(dout: torch.Tensor, y: torch.Tensor, bias: torch.Tensor |
         dout, y = dout.contiguous(), y.contiguous()
         layout = leading_layout(lead, dout.stride()[:-1], y.stride()[:-1])
     n1, n2, (dstrides, ystrides) = layout
-    block_m, block_n, num_warps = _tile(N, block_cols, approximate)
+    block_m, block_n, num_warps = _backward_tile(N, block_cols)
     if block_rows is not None:
         block_m = block_rows
     n_col_blocks = cdiv(N, block_n)
