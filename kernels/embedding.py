@@ -149,20 +149,23 @@ def _embedding_backward_kernel(starts_ptr, order_ptr, dout_ptr, dtable_ptr, bad_
             n_bad = (tl.load(starts_ptr) + n_tokens - tl.load(starts_ptr + V)).to(tl.int32)
             if n_bad > 0:
                 tl.atomic_add(bad_ptr, n_bad)
-    first = tl.load(starts_ptr + v, mask=v_ok, other=0)
-    count = tl.load(starts_ptr + v + 1, mask=v_ok, other=0) - first
+    # Segments as [BLOCK_V, 1] columns, in the tile's own layout (1-D vectors of 32 rows or more
+    # failed Triton 3.6's layout pass with small BLOCK_H: "mask type matches ptr type").
+    first = tl.load(starts_ptr + v[:, None], mask=v_ok[:, None], other=0)
+    end = tl.load(starts_ptr + v[:, None] + 1, mask=v_ok[:, None], other=0)
     acc = tl.zeros([BLOCK_V, BLOCK_H], tl.float32)
     comp = tl.zeros([BLOCK_V, BLOCK_H], tl.float32)
-    for k in range(0, tl.max(count, axis=0)):
-        active = k < count
-        token = tl.load(order_ptr + first + k, mask=active, other=0)
+    for k in range(0, tl.max(end - first)):
+        pos = first + k
+        active = pos < end
+        token = tl.load(order_ptr + pos, mask=active, other=0)
         row = row_offsets(token, n1, n2, ds0, ds1, ds2)
-        g = tl.load(dout_ptr + row[:, None] + cols[None, :] * dsh, mask=active[:, None] & col_ok[None, :], other=0.0)
+        g = tl.load(dout_ptr + row + cols[None, :] * dsh, mask=active & col_ok[None, :], other=0.0)
         new_acc, new_comp = kahan_add(acc, comp, g.to(tl.float32))
         # Rows whose segment has ended keep their sum: a Kahan step adding 0 would still fold the
         # compensation in, and the bits would then depend on which rows share a program.
-        acc = tl.where(active[:, None], new_acc, acc)
-        comp = tl.where(active[:, None], new_comp, comp)
+        acc = tl.where(active, new_acc, acc)
+        comp = tl.where(active, new_comp, comp)
     dst = dtable_ptr + (v * H)[:, None] + cols[None, :]
     tl.store(dst, acc.to(dtable_ptr.dtype.element_ty), mask=v_ok[:, None] & col_ok[None, :])
 
