@@ -514,6 +514,9 @@ def markdown(rows, info, errors):
              "| row | shape | MB | ours ms | GB/s | % of copy | TFLOP/s | launcher ms | eager ms | x eager | "
              "compile ms | x compile | liger ms | x liger |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    older = [f"{r['tag']} ({r['date']})" for r in rows if r.get("date", info["date"]) != info["date"]]
+    if older:
+        lines[2:2] = [f"Rows of an earlier run on this GPU, kept by --merge: {', '.join(older)}.", ""]
     for r in rows:
         i = r["impls"]
         o = i["ours"]
@@ -570,6 +573,8 @@ def earlier_rows(out, info, redone):
     if old.get("meta", {}).get("device") != info["device"]:
         sys.exit(f"bench_backward: --merge: {path} is from {old.get('meta', {}).get('device')}, not {info['device']}")
     keep = [r for r in old.get("rows", []) if r["tag"] not in redone]
+    for r in keep:
+        r.setdefault("date", old.get("meta", {}).get("date"))     # the table names rows of another day
     errors = {k: v for k, v in old.get("errors", {}).items() if not any(k.startswith(t + " ") for t in redone)}
     print(f"bench_backward: --merge keeps {len(keep)} rows of {path}")
     info["merged_rows"] = [r["tag"] for r in keep]
