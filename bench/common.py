@@ -145,6 +145,25 @@ def ptxas_usage(compiled) -> str:
     return f"{regs.group(1)} registers, {spilled} bytes spilled, {compiled.metadata.shared} B shared"
 
 
+def per_kernel(fn, n: int = 10) -> str:
+    """'name t us, ...' of fn's GPU kernels, the longest first (kernel_ms)."""
+    return ", ".join(f"{k} {v * 1e3:.1f} us" for k, v in sorted(kernel_ms(fn, n).items(), key=lambda kv: -kv[1]))
+
+
+def host_us(fn, n: int = 300, warmup: int = 1) -> float:
+    """Microseconds a call of fn takes on the host (perf_counter over n calls after `warmup`
+    calls): what a launch-bound call costs, when the GPU's work per call is shorter."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
 def kernel_ms(fn, n: int = 5) -> dict:
     """{kernel name (40 characters): milliseconds a call} of fn's GPU kernels, torch.profiler over
     n calls after a warm-up call."""

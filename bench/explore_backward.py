@@ -21,23 +21,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
-from bench.common import bench, cuda_graph, gbps, kernel_ms  # noqa: E402
+from bench.common import bench, cuda_graph, gbps, host_us, per_kernel  # noqa: E402
 from kernels import activations  # noqa: E402
 
 
-def host_us(fn, n=300):
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return host
 
-
-def per_kernel(fn, n=10):
-    return ", ".join(f"{k} {v * 1e3:.1f} us" for k, v in sorted(kernel_ms(fn, n).items(), key=lambda kv: -kv[1]))
 
 
 def host_part():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import cProfile
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -18,6 +17,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
+from bench.common import host_us  # noqa: E402
 
 
 def graph_us(fn, reps=20):
@@ -35,16 +35,6 @@ def graph_us(fn, reps=20):
     return triton.testing.do_bench(g.replay) * 1e3 / reps
 
 
-def host_us(fn, n=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return host
 
 
 def main():
@@ -59,7 +49,7 @@ def main():
                           ("F.embedding", lambda: torch.nn.functional.embedding(ids, table))):
             call = triton.testing.do_bench(fn) * 1e3
             gpu = graph_us(fn) if label not in ("True",) else float("nan")
-            host = host_us(fn)
+            host = host_us(fn, n=2000, warmup=50)
             print(f"H {H} {label:12s} call {call:7.1f} us ({nbytes / call / 1e3:6.0f} GB/s)  "
                   f"kernel {gpu:7.1f} us ({nbytes / gpu / 1e3:6.0f} GB/s)  host enqueue {host:6.1f} us", flush=True)
         kernels.raise_deferred_errors()

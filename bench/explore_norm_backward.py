@@ -10,11 +10,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
-from bench.common import bench, cuda_graph, gbps, kernel_ms  # noqa: E402
+from bench.common import bench, cuda_graph, gbps, per_kernel  # noqa: E402
 
-
-def per_kernel(fn, n=10):
-    return ", ".join(f"{k} {v * 1e3:.1f} us" for k, v in sorted(kernel_ms(fn, n).items(), key=lambda kv: -kv[1]))
 
 
 def main():
