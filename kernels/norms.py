@@ -259,7 +259,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: f
 # a thread at 16 warps, rows of 8192 0.1-1.1 KB, chunks of 4096 next to nothing.
 GRAD_MAX_FUSED = 8192
 GRAD_CHUNK = 4096
-# Rows widths for which layernorm_backward's row tile takes 4 rows rather than row_tile's 1: H200,
+# Row widths for which layernorm_backward's row tile takes 4 rows rather than row_tile's 1: H200,
 # bf16, T 16384 x D 3584 (bench/explore_backward.py): 241 us against 375 (rmsnorm_backward, with
 # one accumulator pair fewer, is fastest at 1 row: 166 us against 194).
 _LN_BACKWARD_4_ROWS = (2048, GRAD_MAX_FUSED)
@@ -554,8 +554,6 @@ def _rms_backward(dy, du, x, residual, w, eps, out_dx, out_dresidual, out_dw, bl
         out_dresidual = new_out(out_dresidual, x.shape, x.dtype, x.device, "out_dresidual")
     out_dw = new_out(out_dw, (D,), w.dtype, w.device, "out_dw")
     n_rows = x.numel() // D if D else 0
-    if block_rows is None and block_cols is None and _LN_BACKWARD_4_ROWS[0] < D <= _LN_BACKWARD_4_ROWS[1]:
-        block_rows = 4
     block_m, block_d, single, num_warps, per_program, programs = _backward_plan(
         n_rows, D, block_cols, block_rows, row_groups)
     if x.numel() == 0:
