@@ -6,6 +6,7 @@
   tile, which the backward shares today, carries two fp32 accumulators more);
 - layernorm_backward and rmsnorm_backward at D 1536 and 3584 (layernorm's kernel took 2.3x
   rmsnorm's for the same bytes at 3584, one row a tile): block_rows swept;
+- add_rmsnorm_backward: block_rows swept as for the norms;
 - embedding_backward: per kernel.
 """
 from __future__ import annotations
@@ -99,6 +100,19 @@ def layernorm_part():
                 ms = bench(cuda_graph(fn))
                 print(f"{name}_backward T{T} D{D} block_rows {br}: {ms * 1e3:.1f} us ({gbps(nbytes, ms):.0f} GB/s)",
                       flush=True)
+
+
+def add_rmsnorm_part():
+    """add_rmsnorm_backward's row tile (it shares rmsnorm_backward's launch, one row a tile)."""
+    dt = torch.bfloat16
+    for T, D in ((4096, 1536), (16384, 1536), (16384, 3584)):
+        x, res, dy, du = (torch.randn(T, D, device="cuda", dtype=dt) for _ in range(4))
+        w = torch.randn(D, device="cuda", dtype=dt)
+        nbytes = 5 * T * D * 2          # dy, du, x, residual in (u recomputed), dx out
+        for br in (None, 1, 2, 4, 8):
+            ms = bench(cuda_graph(lambda: kernels.add_rmsnorm_backward(dy, du, x, res, w, block_rows=br)))
+            print(f"add_rmsnorm_backward T{T} D{D} block_rows {br}: {ms * 1e3:.1f} us ({gbps(nbytes, ms):.0f} GB/s)",
+                  flush=True)
 
 
 def embedding_part():
