@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
 from bench.common import bench, cuda_graph, gbps, host_us, per_kernel  # noqa: E402
+from bench.explore_norm_backward import norm_inputs  # noqa: E402
 from kernels import activations  # noqa: E402
 
 
@@ -88,11 +89,7 @@ def bias_gelu_part():
 
 
 def layernorm_part():
-    dt = torch.bfloat16
-    for T, D in ((4096, 1536), (16384, 1536), (16384, 3584)):
-        x = torch.randn(T, D, device="cuda", dtype=dt)
-        w = torch.randn(D, device="cuda", dtype=dt)
-        dy = torch.randn_like(x)
+    for T, D, x, w, dy in norm_inputs():
         nbytes = 3 * T * D * 2
         for br in (None, 1, 2, 4, 8):
             for name, fn in (("layernorm", lambda: kernels.layernorm_backward(dy, x, w, w, block_rows=br)),
@@ -104,10 +101,8 @@ def layernorm_part():
 
 def add_rmsnorm_part():
     """add_rmsnorm_backward's row tile (it shares rmsnorm_backward's launch, one row a tile)."""
-    dt = torch.bfloat16
-    for T, D in ((4096, 1536), (16384, 1536), (16384, 3584)):
-        x, res, dy, du = (torch.randn(T, D, device="cuda", dtype=dt) for _ in range(4))
-        w = torch.randn(D, device="cuda", dtype=dt)
+    for T, D, x, w, dy in norm_inputs():
+        res, du = torch.randn_like(x), torch.randn_like(x)
         nbytes = 5 * T * D * 2          # dy, du, x, residual in (u recomputed), dx out
         for br in (None, 1, 2, 4, 8):
             ms = bench(cuda_graph(lambda: kernels.add_rmsnorm_backward(dy, du, x, res, w, block_rows=br)))

@@ -12,14 +12,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
 from bench.common import bench, cuda_graph, gbps, per_kernel  # noqa: E402
 
+SHAPES = ((4096, 1536), (16384, 1536), (16384, 3584))       # bench_backward's Qwen2 rows (T, D)
+
+
+def norm_inputs(dt=torch.bfloat16):
+    """(T, D, x, w, dy) at each of SHAPES, random, on the GPU (also bench/explore_backward.py's)."""
+    for T, D in SHAPES:
+        x = torch.randn(T, D, device="cuda", dtype=dt)
+        yield T, D, x, torch.randn(D, device="cuda", dtype=dt), torch.randn_like(x)
 
 
 def main():
-    dt = torch.bfloat16
-    for T, D in ((4096, 1536), (16384, 1536), (16384, 3584)):
-        x = torch.randn(T, D, device="cuda", dtype=dt)
-        w = torch.randn(D, device="cuda", dtype=dt)
-        dy = torch.randn_like(x)
+    for T, D, x, w, dy in norm_inputs():
         nbytes = 3 * x.numel() * 2 + 2 * D * 2
         for name, fn in (("rmsnorm_backward", lambda: kernels.rmsnorm_backward(dy, x, w)),
                          ("layernorm_backward", lambda: kernels.layernorm_backward(dy, x, w, w)),
