@@ -37,6 +37,17 @@ def round_to_bf16(x):
 
 
 @triton.jit
+def widened(x):
+    """A tile as fp32, exactly: bf16 by shifting its bits up (the interpreter's conversion misreads
+    bf16 subnormals), other dtypes by the conversion."""
+    if x.dtype == tl.bfloat16:
+        y = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        y = x.to(tl.float32)
+    return y
+
+
+@triton.jit
 def rounded_for(x, ptr):
     """fp32 x rounded to nearest (even) in the element type of ptr, for a store: bf16 through
     round_to_bf16 (exact on the interpreter too), other types by the conversion."""

@@ -20,12 +20,13 @@ contiguous cases (merged, separate, either order) and the other layouts and fp32
 
 SwiGLU's backward pass (swiglu_backward) is three pointer GEMMs with fp32 accumulation: the first
 recomputes both projections z_gate, z_up tile by tile and turns them, with dy, into
-dz_gate = dy * z_up * act'(z_gate) and dz_up = dy * act(z_gate), kept in fp32 (no rounding to the
-input dtype, no overflow of fp16 between the GEMMs), and the per-tile column sums of both for the
-bias gradients; then dx = dz_gate w_gate + dz_up w_up (one accumulator over both products) and
-dw = dz^T x for each weight. 16-bit operands are widened to fp32 in registers (exact), so every dot
-is an fp32 one: TF32 on the GPU for 16-bit inputs (exact for the 16-bit operands, dz truncated to
-TF32's 10 bits), true fp32 products for fp32 inputs. SwiGLUFunction wraps both passes.
+dz_gate = dy * z_up * act'(z_gate) and dz_up = dy * act(z_gate) in fp32, and the per-tile column sums
+of both for the bias gradients; then dx = dz_gate w_gate + dz_up w_up (one accumulator over both
+products) and dw = dz^T x for each weight. dz is stored once between them: bf16 inputs round it to
+bf16 (to nearest, once; bf16 has fp32's range) and multiply it in bf16 on the GPU (exact products,
+fp32 sums: the cost of eager's GEMMs); fp16 and fp32 keep it in fp32 (fp16 could overflow) for
+fp32 dots, TF32 on the GPU for fp16 (dz truncated to TF32's 10 bits), true fp32 for fp32.
+SwiGLUFunction wraps both passes.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._device import activate, gemm_tile, grouped_tile, times_activation_grad
+from kernels._device import activate, gemm_tile, grouped_tile, rounded_for, times_activation_grad, widened
 from kernels._launch import (allocate, cdiv, check_same_device, check_same_dtype, check_tensor, interpreting, new_out,
                              next_power_of_2)
 from kernels._reduce import partials, sum_row_groups
@@ -165,7 +166,7 @@ def _check_block(name, value):
         raise ValueError(f"{name}: expected a power of two >= 16, got {value!r}")
 
 
-def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m, a_tiles=1):
+def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m):
     """Tiles, warps and stages. Large problems get Hopper-sized tiles (below);
     small ones are clipped to the problem (at least 16, tl.dot's minimum) so no program computes
     mostly padding. Explicit arguments win, and are only checked."""
@@ -185,8 +186,8 @@ def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m, a
     warps = 8 if bm * bn >= 128 * 64 else 4
     stages = 4 if elem_size <= 2 and bm * bn <= 128 * 128 else 3
 
-    def shared(bk, stages):     # the pipelined a tiles (a_tiles of them: swiglu_backward's halves) and weight tiles
-        return stages * (a_tiles * bm + n_weights * bn) * bk * elem_size
+    def shared(bk, stages):     # the pipelined a tiles and weight tiles
+        return stages * (bm + n_weights * bn) * bk * elem_size
 
     while shared(bk, stages) > _SHARED_BYTES and stages > 2:
         stages -= 1
@@ -452,37 +453,25 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: to
 @triton.jit
 def _load_operand(ptrs, k_mask, EVEN_K: tl.constexpr, WIDEN: tl.constexpr):
     """A GEMM operand tile: unmasked where BLOCK_K divides K, else with the K tail (k_mask) read
-    as 0; widened to fp32 (exact) with WIDEN, else in its own dtype."""
+    as 0; widened to fp32 (exactly, bf16 subnormals too) with WIDEN, else in its own dtype."""
     if EVEN_K:
         v = tl.load(ptrs)
     else:
         v = tl.load(ptrs, mask=k_mask, other=0.0)
     if WIDEN:
-        v = v.to(tl.float32)
+        v = widened(v)
     return v
 
 
 @triton.jit
-def _store_halves(hi_ptrs, lo_ptrs, v, mask):
-    """fp32 v as two bf16 halves: hi = bf16(v), lo = bf16(v - hi) (0 where hi is not finite, so an
-    infinite v stays hi alone)."""
-    hi = v.to(tl.bfloat16)
-    hi_f = hi.to(tl.float32)
-    lo = tl.where(tl.abs(hi_f) < float("inf"), v - hi_f, 0.0).to(tl.bfloat16)
-    tl.store(hi_ptrs, hi, mask=mask)
-    tl.store(lo_ptrs, lo, mask=mask)
-
-
-@triton.jit
-def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dz_lo_ptr, part_ptr, M, N, K,
+def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, part_ptr, M, N, K,
                       sxm, sxk, sgn, sgk, sun, suk, sbg, sbu, sdym, sdyn,
                       ACT: tl.constexpr, HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, EVEN_K: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      PRECISION: tl.constexpr, WIDEN: tl.constexpr, SPLIT: tl.constexpr):
+                      PRECISION: tl.constexpr, WIDEN: tl.constexpr):
     """z_gate and z_up of one [BLOCK_M, BLOCK_N] tile (the forward's two-accumulator GEMM), then
     dz_gate = dy z_up act'(z_gate) and dz_up = dy act(z_gate) in fp32, stored [M, 2N] (gate columns
-    first): as fp32, or with SPLIT as two bf16 halves hi + lo (dz_ptr, dz_lo_ptr; lo = dz - hi, 0
-    where hi is not finite) that carry 16 bits of it for the bf16 GEMMs that follow. With a bias,
+    first) in dz's dtype (fp32, or bf16 rounded to nearest on both backends). With a bias,
     the tile's fp32 column sums of both into row pid_m of the partials [., 2N]. WIDEN: the operands
     widened to fp32 for the dots; without it, 16-bit operands multiply in their own dtype (their
     products are exact in fp32 either way)."""
@@ -512,12 +501,8 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dz_
     dz_gate = tl.where(mask, times_activation_grad(dy * acc_u, acc_g, ACT), 0.0)
     dz_up = tl.where(mask, dy * activate(acc_g, ACT), 0.0)
     row = offs_m.to(tl.int64)[:, None] * (2 * N) + offs_n[None, :]
-    if SPLIT:
-        _store_halves(dz_ptr + row, dz_lo_ptr + row, dz_gate, mask)
-        _store_halves(dz_ptr + row + N, dz_lo_ptr + row + N, dz_up, mask)
-    else:
-        tl.store(dz_ptr + row, dz_gate, mask=mask)
-        tl.store(dz_ptr + row + N, dz_up, mask=mask)
+    tl.store(dz_ptr + row, rounded_for(dz_gate, dz_ptr), mask=mask)
+    tl.store(dz_ptr + row + N, rounded_for(dz_up, dz_ptr), mask=mask)
     if HAS_BG or HAS_BU:
         part = part_ptr + pid_m.to(tl.int64) * (2 * N) + offs_n
         tl.store(part, tl.sum(dz_gate, axis=0), mask=offs_n < N)
@@ -526,42 +511,32 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dz_
 
 _swiglu_dz_kernel = by_alignment(
     _swiglu_dz_kernel, x="x_ptr sxm sxk K", wg="wg_ptr sgn sgk K", wu="wu_ptr sun suk K", bg="bg_ptr sbg",
-    bu="bu_ptr sbu", dy="dy_ptr sdym sdyn N", dz="dz_ptr N", dz_lo="dz_lo_ptr N", part="part_ptr N")
+    bu="bu_ptr sbu", dy="dy_ptr sdym sdyn N", dz="dz_ptr N", part="part_ptr N")
 
 
 @triton.jit
-def _gemm_sum_kernel(a_ptr, a_lo_ptr, b_ptr, a2_ptr, a2_lo_ptr, b2_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn,
-                     sa2m, sa2k, sb2k, sb2n, scm,
+def _gemm_sum_kernel(a_ptr, b_ptr, a2_ptr, b2_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, sa2m, sa2k, sb2k, sb2n, scm,
                      TWO: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
     """c[M, N] = a[M, K] @ b[K, N] (+ a2 @ b2 with TWO, into the same accumulator), any strides, fp32
-    accumulation, one rounding to c's dtype. The operands widened to fp32 in registers, or with SPLIT
-    a given as two bf16 halves (a_ptr hi, a_lo_ptr lo, the same strides) times a bf16 b: two bf16
-    products into the accumulator."""
+    accumulation, one rounding to c's dtype. WIDEN: the operands widened to fp32 in registers (exact)
+    for fp32 dots; without it they multiply in their own (16-bit) dtype, products exact in fp32."""
     offs_m, offs_n, offs_k, rm, rn, a_ptrs, b_ptrs = gemm_tile(a_ptr, b_ptr, M, N, sam, sak, sbn, sbk,
                                                                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    a_lo_ptrs = a_lo_ptr + rm[:, None] * sam + offs_k[None, :] * sak      # a's layout
     if TWO:
         a2_ptrs = a2_ptr + rm[:, None] * sa2m + offs_k[None, :] * sa2k
-        a2_lo_ptrs = a2_lo_ptr + rm[:, None] * sa2m + offs_k[None, :] * sa2k
         b2_ptrs = b2_ptr + rn[None, :] * sb2n + offs_k[:, None] * sb2k
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
-        b = _load_operand(b_ptrs, k_ok[:, None], EVEN_K, not SPLIT)
-        acc = tl.dot(_load_operand(a_ptrs, k_ok[None, :], EVEN_K, not SPLIT), b, acc, input_precision=PRECISION)
-        if SPLIT:
-            acc = tl.dot(_load_operand(a_lo_ptrs, k_ok[None, :], EVEN_K, False), b, acc)
-            a_lo_ptrs += BLOCK_K * sak
+        b = _load_operand(b_ptrs, k_ok[:, None], EVEN_K, WIDEN)
+        acc = tl.dot(_load_operand(a_ptrs, k_ok[None, :], EVEN_K, WIDEN), b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * sak
         b_ptrs += BLOCK_K * sbk
         if TWO:
-            b2 = _load_operand(b2_ptrs, k_ok[:, None], EVEN_K, not SPLIT)
-            a2 = _load_operand(a2_ptrs, k_ok[None, :], EVEN_K, not SPLIT)
+            b2 = _load_operand(b2_ptrs, k_ok[:, None], EVEN_K, WIDEN)
+            a2 = _load_operand(a2_ptrs, k_ok[None, :], EVEN_K, WIDEN)
             acc = tl.dot(a2, b2, acc, input_precision=PRECISION)
-            if SPLIT:
-                acc = tl.dot(_load_operand(a2_lo_ptrs, k_ok[None, :], EVEN_K, False), b2, acc)
-                a2_lo_ptrs += BLOCK_K * sa2k
             a2_ptrs += BLOCK_K * sa2k
             b2_ptrs += BLOCK_K * sb2k
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -569,8 +544,8 @@ def _gemm_sum_kernel(a_ptr, a_lo_ptr, b_ptr, a2_ptr, a2_lo_ptr, b2_ptr, c_ptr, M
 
 
 _gemm_sum_kernel = by_alignment(
-    _gemm_sum_kernel, a="a_ptr sam sak", a_lo="a_lo_ptr sam sak", b="b_ptr sbk sbn", a2="a2_ptr sa2m sa2k",
-    a2_lo="a2_lo_ptr sa2m sa2k", b2="b2_ptr sb2k sb2n", c="c_ptr scm N")
+    _gemm_sum_kernel, a="a_ptr sam sak", b="b_ptr sbk sbn", a2="a2_ptr sa2m sa2k", b2="b2_ptr sb2k sb2n",
+    c="c_ptr scm N")
 
 
 def _fit_inner(t, dim, bk):
@@ -579,30 +554,23 @@ def _fit_inner(t, dim, bk):
     return t.contiguous() if bk * abs(t.stride(dim)) >= 2**31 else t
 
 
-def _gemm_sum(a, b, c, pairs_precision, block_m, block_n, block_k, group_m, a2=None, b2=None, a_lo=None, a2_lo=None):
+def _gemm_sum(a, b, c, pairs_precision, widen, block_m, block_n, block_k, group_m, a2=None, b2=None):
     """c = a @ b (+ a2 @ b2): a [M, K], b [K, N], c [M, N] contiguous rows, any operand strides;
-    a_lo / a2_lo: a and a2 given as bf16 halves (a + a_lo), b and b2 bf16 (SPLIT)."""
+    widen: fp32 dots of the widened operands, else dots in the operands' own 16-bit dtype."""
     M, K = a.shape
     N = b.shape[1]
-    split = a_lo is not None
     pairs = 2 if a2 is not None else 1
-    cfg = _config(M, N, K, 2 if split else 4, pairs, block_m, block_n, block_k, group_m,
-                  a_tiles=2 * pairs if split else 1)
+    cfg = _config(M, N, K, 4 if widen else 2, pairs, block_m, block_n, block_k, group_m)
     bk = cfg["BLOCK_K"]
-    if split and (bk * max(abs(a.stride(1)), abs(b.stride(0))) >= 2**31):
-        a, a_lo, b = a.contiguous(), a_lo.contiguous(), b.contiguous()     # the halves keep one layout
     a, b = _fit_inner(a, 1, bk), _fit_inner(b, 0, bk)
     if a2 is not None:
-        if split and (bk * max(abs(a2.stride(1)), abs(b2.stride(0))) >= 2**31):
-            a2, a2_lo, b2 = a2.contiguous(), a2_lo.contiguous(), b2.contiguous()
         a2, b2 = _fit_inner(a2, 1, bk), _fit_inner(b2, 0, bk)
     else:
-        a2, b2, a2_lo = a, b, a_lo
+        a2, b2 = a, b
     grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
-    _gemm_sum_kernel[grid](a, a_lo if split else a, b, a2, a2_lo if split else a2, b2, c, M, N, K,
-                           a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+    _gemm_sum_kernel[grid](a, b, a2, b2, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                            a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), c.stride(0),
-                           TWO=a2 is not a, EVEN_K=K % bk == 0, PRECISION=pairs_precision, SPLIT=split, **cfg)
+                           TWO=a2 is not a, EVEN_K=K % bk == 0, PRECISION=pairs_precision, WIDEN=widen, **cfg)
 
 
 def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -615,10 +583,10 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
     for the upstream gradient dy [..., N]: with dz_gate = dy z_up act'(z_gate), dz_up = dy act(z_gate)
     (fp32), dx = dz_gate w_gate + dz_up w_up, dw = dz^T x per weight, db = the column sums of dz
     (None without that bias); fp32 accumulation, each output rounded once to x's dtype.
-    On a GPU, 16-bit inputs multiply in their own dtype in the projections (exact products), and
-    for bf16 the dz of dx and dw is carried as two bf16 halves (16 bits, TF32 keeps 10): bf16 dots
-    throughout. Elsewhere the operands are widened to fp32 (TF32 products for 16-bit inputs, true
-    fp32 ones for fp32).
+    On a GPU, 16-bit inputs multiply in their own dtype in the projections (exact products); bf16
+    rounds dz to bf16 once (to nearest) and multiplies it in bf16 in dx and dw, fp16 and fp32 keep dz
+    in fp32 for fp32 dots (TF32 products for fp16). The interpreter widens every operand to fp32
+    (the same products; bf16's dz rounded as on the GPU).
     block_m / block_n / block_k / group_m set the tiles of all three GEMMs (tests)."""
     x2, N = _check_swiglu_args(x, w_gate, w_up, b_gate, b_up, activation,
                                dict(out_dx=out_dx, out_dw_gate=out_dw_gate, out_dw_up=out_dw_up,
@@ -646,31 +614,27 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
         return out_dx, out_dw_gate, out_dw_up, out_db_gate, out_db_up
     precision = _precision(dtype)
     native = dtype in (torch.float16, torch.bfloat16) and not interpreting()    # the interpreter's bf16 dot: a gap
-    split = native and dtype == torch.bfloat16
+    dz_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    widen = not (native and dz_dtype == torch.bfloat16)        # the dx and dw GEMMs' operands
     dy2 = dy.reshape(M, N)
-    if split:
-        dz, dz_lo = (allocate((M, 2 * N), torch.bfloat16, device, name=n) for n in ("dz", "dz_lo"))
-    else:
-        dz = dz_lo = allocate((M, 2 * N), torch.float32, device, name="dz")
+    dz = allocate((M, 2 * N), dz_dtype, device, name="dz")
     cfg = _config(M, N, K, 2 if native else 4, 2, block_m, block_n, block_k, group_m)
     n_m_tiles = cdiv(M, cfg["BLOCK_M"])
     has_bias = b_gate is not None or b_up is not None
     part = partials(n_m_tiles, 2 * N, device, "db_partials") if has_bias else dz
     xk, wg, wu = (_fit_inner(t, 1, cfg["BLOCK_K"]) for t in (x2, w_gate, w_up))
     _swiglu_dz_kernel[(n_m_tiles * cdiv(N, cfg["BLOCK_N"]),)](
-        xk, wg, wu, b_gate if b_gate is not None else wg, b_up if b_up is not None else wg, dy2, dz, dz_lo, part,
+        xk, wg, wu, b_gate if b_gate is not None else wg, b_up if b_up is not None else wg, dy2, dz, part,
         M, N, K, xk.stride(0), xk.stride(1), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1),
         b_gate.stride(0) if b_gate is not None else 0, b_up.stride(0) if b_up is not None else 0,
         dy2.stride(0), dy2.stride(1), ACT=activation, HAS_BG=b_gate is not None, HAS_BU=b_up is not None,
-        EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION=precision, WIDEN=not native, SPLIT=split, **cfg)
+        EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION=precision, WIDEN=not native, **cfg)
     dz_gate, dz_up = dz[:, :N], dz[:, N:]
-    lo_gate, lo_up = (dz_lo[:, :N], dz_lo[:, N:]) if split else (None, None)
     if K:
         tiles = (block_m, block_n, block_k, group_m)
-        _gemm_sum(dz_gate, w_gate, out_dx.view(M, K), precision, *tiles, a2=dz_up, b2=w_up, a_lo=lo_gate,
-                  a2_lo=lo_up)
-        _gemm_sum(dz_gate.t(), x2, out_dw_gate, precision, *tiles, a_lo=lo_gate.t() if split else None)
-        _gemm_sum(dz_up.t(), x2, out_dw_up, precision, *tiles, a_lo=lo_up.t() if split else None)
+        _gemm_sum(dz_gate, w_gate, out_dx.view(M, K), precision, widen, *tiles, a2=dz_up, b2=w_up)
+        _gemm_sum(dz_gate.t(), x2, out_dw_gate, precision, widen, *tiles)
+        _gemm_sum(dz_up.t(), x2, out_dw_up, precision, widen, *tiles)
     if out_db_gate is not None:
         sum_row_groups(part[:, :N], out_db_gate)
     if out_db_up is not None:

@@ -277,10 +277,11 @@ class SwiGLUBackward(SwiGLU):
 
     @one_thread
     def error_scale(self, inp, expected):
-        """Two kinds of error, two terms. rtol: the roundings in the output's unit: dz (fp32, truncated
-        to TF32 by a GPU's 16-bit path), the second GEMM's fp32 sum and the output's rounding, relative
-        to that GEMM's sum of |terms| with the float64 dz: dx to |dz_gate| |w_gate| + |dz_up| |w_up|, dw
-        to |dz|^T |x|, db to the column sums of |dz|. bound_rtol: the fp32 errors dz inherits from the
+        """Two kinds of error, two terms. rtol: the roundings in the output's unit: dz (bf16 for bf16
+        inputs; fp32, truncated to TF32 by a GPU's fp16 path, otherwise), the second GEMM's fp32 sum
+        and the output's rounding, relative to that GEMM's sum of |terms| with the float64 dz: dx to
+        |dz_gate| |w_gate| + |dz_up| |w_up|, dw to |dz|^T |x|, db to the column sums of |dz|.
+        bound_rtol: the fp32 errors dz inherits from the
         recomputed projections (each relative to its S = sum |x| |w| + |b|; |act''| <= 1,
         |act'| <= 1.13) and from the activation in fp32, which are absolute where it cancels or leaves
         fp32's range (act by up to ~|z| 2^-24: GELU's 1 + erf below z ~ -3, silu's exp(-z) overflowing
