@@ -166,7 +166,7 @@ def _check_block(name, value):
         raise ValueError(f"{name}: expected a power of two >= 16, got {value!r}")
 
 
-def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m):
+def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m, a_tiles=1):
     """Tiles, warps and stages. Large problems get Hopper-sized tiles (below);
     small ones are clipped to the problem (at least 16, tl.dot's minimum) so no program computes
     mostly padding. Explicit arguments win, and are only checked."""
@@ -186,8 +186,8 @@ def _config(M, N, K, elem_size, n_weights, block_m, block_n, block_k, group_m):
     warps = 8 if bm * bn >= 128 * 64 else 4
     stages = 4 if elem_size <= 2 and bm * bn <= 128 * 128 else 3
 
-    def shared(bk, stages):     # the pipelined a tiles and weight tiles
-        return stages * (bm + n_weights * bn) * bk * elem_size
+    def shared(bk, stages):     # the pipelined a tiles (a_tiles of them: swiglu_backward's dx) and weight tiles
+        return stages * (a_tiles * bm + n_weights * bn) * bk * elem_size
 
     while shared(bk, stages) > _SHARED_BYTES and stages > 2:
         stages -= 1
@@ -560,7 +560,7 @@ def _gemm_sum(a, b, c, pairs_precision, widen, block_m, block_n, block_k, group_
     M, K = a.shape
     N = b.shape[1]
     pairs = 2 if a2 is not None else 1
-    cfg = _config(M, N, K, 4 if widen else 2, pairs, block_m, block_n, block_k, group_m)
+    cfg = _config(M, N, K, 4 if widen else 2, pairs, block_m, block_n, block_k, group_m, a_tiles=pairs)
     bk = cfg["BLOCK_K"]
     a, b = _fit_inner(a, 1, bk), _fit_inner(b, 0, bk)
     if a2 is not None:
