@@ -16,7 +16,8 @@ registers and spills (ptxas -v; bench/common.py's ptxas_usage): a tile that need
 runs one 8-warp program an SM (bias_gelu_backward's old 8 x 1024 tile, 2.5x slower than its
 56-register 1 x 1024 one on an H200). What it does not
 cover: launcher paths that need a CUDA tensor (the TMA GEMMs of moe and gemm: they check the
-device type) and anything past compilation (the outputs are never computed, so launchers that
+device type), shapes the pinned cases do not reach (a tile chosen for a large call; check such a
+call with install() and a launcher call on CPU tensors) and anything past compilation (the outputs are never computed, so launchers that
 read a result back see zeros).
 """
 from __future__ import annotations
@@ -58,6 +59,7 @@ class _MadeUpCuda:
 
 FAILURES: list = []
 COMPILED: list = []         # (kernel name, compiled kernel) of each compilation
+SHARED_LIMIT = 232448       # the most shared memory an sm_90 block may take (227 KiB); the GPU refuses more at load
 
 
 def _compile_only(run):
@@ -78,6 +80,9 @@ def install(arch: int) -> None:
     def counted(src, *a, **k):
         compiled = original_compile(src, *a, **k)
         COMPILED.append((getattr(getattr(src, "fn", None), "__name__", "?"), compiled))
+        if compiled.metadata.shared > SHARED_LIMIT:     # what the GPU's loader would raise
+            raise RuntimeError(f"out of resource: shared memory, Required: {compiled.metadata.shared}, "
+                               f"Hardware limit: {SHARED_LIMIT}")
         return compiled
     triton.compiler.compile = counted
     # Launchers ask the device a few questions: an H100/H200's answers.
