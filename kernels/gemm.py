@@ -18,14 +18,17 @@ projection, either order) anywhere, and two separate weights on a CUDA device (t
 addresses device memory and never touches what lies between them). The tests reach every path:
 contiguous cases (merged, separate, either order) and the other layouts and fp32.
 
-SwiGLU's backward pass (swiglu_backward) is three pointer GEMMs with fp32 accumulation: the first
+SwiGLU's backward pass (swiglu_backward) is three GEMMs with fp32 accumulation: the first
 recomputes both projections z_gate, z_up tile by tile and turns them, with dy, into
 dz_gate = dy * z_up * act'(z_gate) and dz_up = dy * act(z_gate) in fp32, and the per-tile column sums
 of both for the bias gradients; then dx = dz_gate w_gate + dz_up w_up (one accumulator over both
 products) and dw = dz^T x for each weight. dz is stored once between them: bf16 inputs round it to
-bf16 (to nearest, once; bf16 has fp32's range) and multiply it in bf16 on the GPU (exact products,
-fp32 sums: the cost of eager's GEMMs); fp16 and fp32 keep it in fp32 (fp16 could overflow) for
-fp32 dots, TF32 on the GPU for fp16 (dz truncated to TF32's 10 bits), true fp32 for fp32.
+bf16 (to nearest, once; bf16 has fp32's range), stored twice, as dz and transposed (dw's inner dim,
+the rows, contiguous), and on the GPU dx and dw run on matmul's GEMMs in bf16 (exact products, fp32
+sums: the cost of eager's GEMMs; TMA where aligned); fp16 and fp32 keep dz in fp32 (fp16 could
+overflow) for this module's widening GEMM, TF32 on the GPU for fp16 (dz truncated to TF32's 10
+bits), true fp32 for fp32. The interpreter runs every dtype through the widening GEMM (the same
+products: bf16's dz rounded as on the GPU).
 SwiGLUFunction wraps both passes.
 """
 from __future__ import annotations
@@ -464,14 +467,15 @@ def _load_operand(ptrs, k_mask, EVEN_K: tl.constexpr, WIDEN: tl.constexpr):
 
 
 @triton.jit
-def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, part_ptr, M, N, K,
+def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dzt_ptr, part_ptr, M, N, K,
                       sxm, sxk, sgn, sgk, sun, suk, sbg, sbu, sdym, sdyn,
                       ACT: tl.constexpr, HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, EVEN_K: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+                      PRECISION: tl.constexpr, WIDEN: tl.constexpr, STORE_T: tl.constexpr):
     """z_gate and z_up of one [BLOCK_M, BLOCK_N] tile (the forward's two-accumulator GEMM), then
     dz_gate = dy z_up act'(z_gate) and dz_up = dy act(z_gate) in fp32, stored [M, 2N] (gate columns
-    first) in dz's dtype (fp32, or bf16 rounded to nearest on both backends). With a bias,
+    first) in dz's dtype (fp32, or bf16 rounded to nearest on both backends); with STORE_T also
+    transposed into dzt [2N, M], the layout dw's GEMMs read (their inner dim, M, contiguous). With a bias,
     the tile's fp32 column sums of both into row pid_m of the partials [., 2N]. WIDEN: the operands
     widened to fp32 for the dots; without it, 16-bit operands multiply in their own dtype (their
     products are exact in fp32 either way)."""
@@ -501,8 +505,16 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, par
     dz_gate = tl.where(mask, times_activation_grad(dy * acc_u, acc_g, ACT), 0.0)
     dz_up = tl.where(mask, dy * activate(acc_g, ACT), 0.0)
     row = offs_m.to(tl.int64)[:, None] * (2 * N) + offs_n[None, :]
-    tl.store(dz_ptr + row, rounded_for(dz_gate, dz_ptr), mask=mask)
-    tl.store(dz_ptr + row + N, rounded_for(dz_up, dz_ptr), mask=mask)
+    stored_gate = rounded_for(dz_gate, dz_ptr)     # the bias sums below take the fp32 values
+    stored_up = rounded_for(dz_up, dz_ptr)
+    tl.store(dz_ptr + row, stored_gate, mask=mask)
+    tl.store(dz_ptr + row + N, stored_up, mask=mask)
+    if STORE_T:
+        mask_t = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+        col_gate = offs_n.to(tl.int64)[:, None] * M + offs_m[None, :]
+        col_up = (offs_n + N).to(tl.int64)[:, None] * M + offs_m[None, :]     # (N may be a constexpr 1)
+        tl.store(dzt_ptr + col_gate, tl.trans(stored_gate), mask=mask_t)
+        tl.store(dzt_ptr + col_up, tl.trans(stored_up), mask=mask_t)
     if HAS_BG or HAS_BU:
         part = part_ptr + pid_m.to(tl.int64) * (2 * N) + offs_n
         tl.store(part, tl.sum(dz_gate, axis=0), mask=offs_n < N)
@@ -511,16 +523,16 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, par
 
 _swiglu_dz_kernel = by_alignment(
     _swiglu_dz_kernel, x="x_ptr sxm sxk K", wg="wg_ptr sgn sgk K", wu="wu_ptr sun suk K", bg="bg_ptr sbg",
-    bu="bu_ptr sbu", dy="dy_ptr sdym sdyn N", dz="dz_ptr N", part="part_ptr N")
+    bu="bu_ptr sbu", dy="dy_ptr sdym sdyn N", dz="dz_ptr N", dzt="dzt_ptr M", part="part_ptr N")
 
 
 @triton.jit
 def _gemm_sum_kernel(a_ptr, b_ptr, a2_ptr, b2_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, sa2m, sa2k, sb2k, sb2n, scm,
                      TWO: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
     """c[M, N] = a[M, K] @ b[K, N] (+ a2 @ b2 with TWO, into the same accumulator), any strides, fp32
-    accumulation, one rounding to c's dtype. WIDEN: the operands widened to fp32 in registers (exact)
-    for fp32 dots; without it they multiply in their own (16-bit) dtype, products exact in fp32."""
+    accumulation, one rounding to c's dtype; the operands widened to fp32 in registers (exact) for
+    fp32 dots (TF32 or true fp32: PRECISION)."""
     offs_m, offs_n, offs_k, rm, rn, a_ptrs, b_ptrs = gemm_tile(a_ptr, b_ptr, M, N, sam, sak, sbn, sbk,
                                                                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -529,13 +541,13 @@ def _gemm_sum_kernel(a_ptr, b_ptr, a2_ptr, b2_ptr, c_ptr, M, N, K, sam, sak, sbk
         b2_ptrs = b2_ptr + rn[None, :] * sb2n + offs_k[:, None] * sb2k
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
-        b = _load_operand(b_ptrs, k_ok[:, None], EVEN_K, WIDEN)
-        acc = tl.dot(_load_operand(a_ptrs, k_ok[None, :], EVEN_K, WIDEN), b, acc, input_precision=PRECISION)
+        b = _load_operand(b_ptrs, k_ok[:, None], EVEN_K, True)
+        acc = tl.dot(_load_operand(a_ptrs, k_ok[None, :], EVEN_K, True), b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * sak
         b_ptrs += BLOCK_K * sbk
         if TWO:
-            b2 = _load_operand(b2_ptrs, k_ok[:, None], EVEN_K, WIDEN)
-            a2 = _load_operand(a2_ptrs, k_ok[None, :], EVEN_K, WIDEN)
+            b2 = _load_operand(b2_ptrs, k_ok[:, None], EVEN_K, True)
+            a2 = _load_operand(a2_ptrs, k_ok[None, :], EVEN_K, True)
             acc = tl.dot(a2, b2, acc, input_precision=PRECISION)
             a2_ptrs += BLOCK_K * sa2k
             b2_ptrs += BLOCK_K * sb2k
@@ -554,13 +566,13 @@ def _fit_inner(t, dim, bk):
     return t.contiguous() if bk * abs(t.stride(dim)) >= 2**31 else t
 
 
-def _gemm_sum(a, b, c, pairs_precision, widen, block_m, block_n, block_k, group_m, a2=None, b2=None):
+def _gemm_sum(a, b, c, pairs_precision, block_m, block_n, block_k, group_m, a2=None, b2=None):
     """c = a @ b (+ a2 @ b2): a [M, K], b [K, N], c [M, N] contiguous rows, any operand strides;
-    widen: fp32 dots of the widened operands, else dots in the operands' own 16-bit dtype."""
+    fp32 dots of the widened operands."""
     M, K = a.shape
     N = b.shape[1]
     pairs = 2 if a2 is not None else 1
-    cfg = _config(M, N, K, 4 if widen else 2, pairs, block_m, block_n, block_k, group_m, a_tiles=pairs)
+    cfg = _config(M, N, K, 4, pairs, block_m, block_n, block_k, group_m, a_tiles=pairs)
     bk = cfg["BLOCK_K"]
     a, b = _fit_inner(a, 1, bk), _fit_inner(b, 0, bk)
     if a2 is not None:
@@ -570,7 +582,7 @@ def _gemm_sum(a, b, c, pairs_precision, widen, block_m, block_n, block_k, group_
     grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
     _gemm_sum_kernel[grid](a, b, a2, b2, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                            a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), c.stride(0),
-                           TWO=a2 is not a, EVEN_K=K % bk == 0, PRECISION=pairs_precision, WIDEN=widen, **cfg)
+                           TWO=a2 is not a, EVEN_K=K % bk == 0, PRECISION=pairs_precision, **cfg)
 
 
 def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -584,8 +596,8 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
     (fp32), dx = dz_gate w_gate + dz_up w_up, dw = dz^T x per weight, db = the column sums of dz
     (None without that bias); fp32 accumulation, each output rounded once to x's dtype.
     On a GPU, 16-bit inputs multiply in their own dtype in the projections (exact products); bf16
-    rounds dz to bf16 once (to nearest) and multiplies it in bf16 in dx and dw, fp16 and fp32 keep dz
-    in fp32 for fp32 dots (TF32 products for fp16). The interpreter widens every operand to fp32
+    rounds dz to bf16 once (to nearest) and runs dx and dw on matmul's bf16 GEMMs, fp16 and fp32 keep
+    dz in fp32 for fp32 dots (TF32 products for fp16). The interpreter widens every operand to fp32
     (the same products; bf16's dz rounded as on the GPU).
     block_m / block_n / block_k / group_m set the tiles of all three GEMMs (tests)."""
     x2, N = _check_swiglu_args(x, w_gate, w_up, b_gate, b_up, activation,
@@ -615,26 +627,41 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
     precision = _precision(dtype)
     native = dtype in (torch.float16, torch.bfloat16) and not interpreting()    # the interpreter's bf16 dot: a gap
     dz_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-    widen = not (native and dz_dtype == torch.bfloat16)        # the dx and dw GEMMs' operands
+    # bf16: dz is also stored transposed (dz^T [2N, M]), so that both operands of dw = dz^T x have
+    # their inner dim contiguous; on a GPU dx and dw then run on matmul's GEMMs (TMA where aligned:
+    # a pointer tile of dz^T read down its columns ran at 105-245 TFLOP/s, bench/NOTES.md), the
+    # interpreter keeps this module's widening GEMM (its bf16 dot is a gap).
+    transposed = dz_dtype == torch.bfloat16
+    on_gpu_gemms = transposed and native
     dy2 = dy.reshape(M, N)
     dz = allocate((M, 2 * N), dz_dtype, device, name="dz")
+    dzt = allocate((2 * N, M), dz_dtype, device, name="dz_t") if transposed else dz
     cfg = _config(M, N, K, 2 if native else 4, 2, block_m, block_n, block_k, group_m)
     n_m_tiles = cdiv(M, cfg["BLOCK_M"])
     has_bias = b_gate is not None or b_up is not None
     part = partials(n_m_tiles, 2 * N, device, "db_partials") if has_bias else dz
     xk, wg, wu = (_fit_inner(t, 1, cfg["BLOCK_K"]) for t in (x2, w_gate, w_up))
     _swiglu_dz_kernel[(n_m_tiles * cdiv(N, cfg["BLOCK_N"]),)](
-        xk, wg, wu, b_gate if b_gate is not None else wg, b_up if b_up is not None else wg, dy2, dz, part,
+        xk, wg, wu, b_gate if b_gate is not None else wg, b_up if b_up is not None else wg, dy2, dz, dzt, part,
         M, N, K, xk.stride(0), xk.stride(1), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1),
         b_gate.stride(0) if b_gate is not None else 0, b_up.stride(0) if b_up is not None else 0,
         dy2.stride(0), dy2.stride(1), ACT=activation, HAS_BG=b_gate is not None, HAS_BU=b_up is not None,
-        EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION=precision, WIDEN=not native, **cfg)
+        EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION=precision, WIDEN=not native, STORE_T=transposed, **cfg)
     dz_gate, dz_up = dz[:, :N], dz[:, N:]
-    if K:
-        tiles = (block_m, block_n, block_k, group_m)
-        _gemm_sum(dz_gate, w_gate, out_dx.view(M, K), precision, widen, *tiles, a2=dz_up, b2=w_up)
-        _gemm_sum(dz_gate.t(), x2, out_dw_gate, precision, widen, *tiles)
-        _gemm_sum(dz_up.t(), x2, out_dw_up, precision, widen, *tiles)
+    tiles = (block_m, block_n, block_k, group_m)
+    if K and on_gpu_gemms:
+        # dx = dz [w_gate; w_up] as a @ w^T with w = [w_gate; w_up]^T [K, 2N]; dw = dz^T x as a @ w^T
+        # with a = dz^T, w = x^T [K, M] (the transposed copies: 2 N K and M K elements).
+        w_t = torch.cat([w_gate, w_up]).t().contiguous()
+        x_t = x2.t().contiguous()
+        _run(dz, [w_t], (None, None), out_dx.view(M, K), "none", False, *tiles)
+        _run(dzt[:N], [x_t], (None, None), out_dw_gate, "none", False, *tiles)
+        _run(dzt[N:], [x_t], (None, None), out_dw_up, "none", False, *tiles)
+    elif K:
+        _gemm_sum(dz_gate, w_gate, out_dx.view(M, K), precision, *tiles, a2=dz_up, b2=w_up)
+        dw_gate_a, dw_up_a = (dzt[:N], dzt[N:]) if transposed else (dz_gate.t(), dz_up.t())
+        _gemm_sum(dw_gate_a, x2, out_dw_gate, precision, *tiles)
+        _gemm_sum(dw_up_a, x2, out_dw_up, precision, *tiles)
     if out_db_gate is not None:
         sum_row_groups(part[:, :N], out_db_gate)
     if out_db_up is not None:
