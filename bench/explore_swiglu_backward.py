@@ -6,7 +6,9 @@ its GEMM shapes through matmul's GEMM (kernels.gemm._run, the bf16 route) and th
 - dx = dz_gate w_gate + dz_up w_up    ([T, I] x [I, H], twice into one accumulator)
 - dw = dz^T x                          ([I, T] x [T, H], dz^T a column-major view)
 
-    python bench/explore_swiglu_backward.py
+    python bench/explore_swiglu_backward.py [--dz]
+
+--dz: instead, the dz kernel's tile (block_m x block_n x block_k, warps, stages) swept.
 """
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ import kernels  # noqa: E402
 from bench.common import per_kernel  # noqa: E402
 from kernels import gemm  # noqa: E402
 
+DZ_TILES = [  # the dz kernel (both projections recomputed): block_m, block_n, block_k, warps, stages
+    (128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 32, 8, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+    (128, 64, 64, 8, 4), (256, 64, 64, 8, 3), (64, 64, 64, 4, 4), (128, 128, 64, 4, 3),
+]
 TILES = [  # block_m, block_n, block_k, stages (None: the launcher's)
     (None, None, None, None), (128, 128, 64, 3), (128, 128, 64, 4), (256, 128, 64, 3), (128, 256, 64, 3),
     (128, 128, 32, 4), (64, 128, 64, 4),
@@ -44,6 +50,28 @@ def with_stages(stages):
     return forced
 
 
+def dz_sweep(call):
+    """The whole backward with the dz kernel's tile forced (the other GEMMs keep theirs): the
+    differences are the dz kernel's."""
+    def forced(tile):
+        bm, bn, bk, warps, stages = tile
+
+        def config(M, N, K, elem_size, n_weights, *a, **k):
+            cfg = _CONFIG(M, N, K, elem_size, n_weights, *a, **k)
+            if n_weights == 2 and elem_size == 2:        # the dz kernel's call
+                cfg.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+            return cfg
+        return config
+    for tile in DZ_TILES:
+        gemm._config = forced(tile)
+        try:
+            ms = do_bench(call, warmup=25, rep=100)
+            print(f"dz tile {tile}: backward {ms:.3f} ms; kernels: {per_kernel(call, 3)}", flush=True)
+        except Exception as e:      # noqa: BLE001
+            print(f"dz tile {tile}: {type(e).__name__} {str(e)[:100]}", flush=True)
+    gemm._config = _CONFIG
+
+
 def main():
     T, H, I = 16384, 1536, 8960
     dt = torch.bfloat16
@@ -54,6 +82,9 @@ def main():
     call = lambda: kernels.swiglu_backward(dy, x, wg, wu)      # noqa: E731
     ms = do_bench(call, warmup=25, rep=100)
     print(f"swiglu_backward T{T} H{H} I{I}: {ms:.3f} ms; kernels: {per_kernel(call)}", flush=True)
+    if "--dz" in sys.argv:
+        dz_sweep(call)
+        return
     dz = torch.randn(T, 2 * I, device="cuda", dtype=dt, generator=g)
     dz_gate, dz_up = dz[:, :I], dz[:, I:]
     dx = torch.empty(T, H, device="cuda", dtype=dt)
