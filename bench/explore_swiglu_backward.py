@@ -8,7 +8,8 @@ its GEMM shapes through matmul's GEMM (kernels.gemm._run, the bf16 route) and th
 
     python bench/explore_swiglu_backward.py [--dz]
 
---dz: instead, the dz kernel's tile (block_m x block_n x block_k, warps, stages) swept.
+--dz: instead, the dz kernel's tile (block_m x block_n x block_k, warps, stages) swept. (Session 12
+also timed a TMA form of the dz kernel here, slower at every tile: bench/NOTES.md.)
 """
 from __future__ import annotations
 
@@ -26,9 +27,6 @@ from kernels import gemm  # noqa: E402
 DZ_TILES = [  # the dz kernel (both projections recomputed): block_m, block_n, block_k, warps, stages
     (128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 32, 8, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
     (128, 64, 64, 8, 4), (256, 64, 64, 8, 3), (64, 64, 64, 4, 4), (128, 128, 64, 4, 3),
-]
-DZ_TMA_TILES = [  # the dz kernel on the TMA path: block_m, block_n (a weight), block_k, stages, warps
-    (128, 64, 64, 4, 8), (128, 128, 64, 3, 8), (64, 128, 64, 4, 8), (128, 64, 64, 3, 8), (64, 64, 64, 4, 4),
 ]
 TILES = [  # block_m, block_n, block_k, stages (None: the launcher's)
     (None, None, None, None), (128, 128, 64, 3), (128, 128, 64, 4), (256, 128, 64, 3), (128, 256, 64, 3),
@@ -65,11 +63,7 @@ def dz_sweep(call):
                 cfg.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
             return cfg
         return config
-    pair = gemm._weight_pair
-    gemm._weight_pair = lambda *a: None          # the pointer dz kernel
-    ms = do_bench(call, warmup=25, rep=100)
-    print(f"pointer dz kernel: backward {ms:.3f} ms; kernels: {per_kernel(call, 3)}", flush=True)
-    for tile in DZ_TILES[:2]:
+    for tile in DZ_TILES:
         gemm._config = forced(tile)
         try:
             ms = do_bench(call, warmup=25, rep=100)
@@ -77,22 +71,6 @@ def dz_sweep(call):
         except Exception as e:      # noqa: BLE001
             print(f"dz tile {tile}: {type(e).__name__} {str(e)[:100]}", flush=True)
     gemm._config = _CONFIG
-    gemm._weight_pair = pair
-    tma_config = gemm._tma_config
-    for bm, bn, bk, stages, warps in DZ_TMA_TILES:
-        def forced(M, N, K, n_weights, *a, **k):
-            cfg = tma_config(M, N, K, n_weights, *a, **k)
-            if n_weights == 2:
-                cfg.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_stages=stages, num_warps=warps)
-            return cfg
-        gemm._tma_config = forced
-        try:
-            ms = do_bench(call, warmup=25, rep=100)
-            print(f"TMA dz tile {(bm, bn, bk, stages, warps)}: backward {ms:.3f} ms; kernels: {per_kernel(call, 3)}",
-                  flush=True)
-        except Exception as e:      # noqa: BLE001
-            print(f"TMA dz tile {(bm, bn, bk, stages, warps)}: {type(e).__name__} {str(e)[:100]}", flush=True)
-    gemm._tma_config = tma_config
 
 
 def main():
