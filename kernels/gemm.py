@@ -468,15 +468,16 @@ def _load_operand(ptrs, k_mask, EVEN_K: tl.constexpr, WIDEN: tl.constexpr):
 
 @triton.jit
 def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dzt_ptr, part_ptr, M, N, K,
-                      sxm, sxk, sgn, sgk, sun, suk, sbg, sbu, sdym, sdyn,
+                      sxm, sxk, sgn, sgk, sun, suk, sbg, sbu, sdym, sdyn, sdzt,
                       ACT: tl.constexpr, HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, EVEN_K: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       PRECISION: tl.constexpr, WIDEN: tl.constexpr, STORE_T: tl.constexpr):
     """z_gate and z_up of one [BLOCK_M, BLOCK_N] tile (the forward's two-accumulator GEMM), then
     dz_gate = dy z_up act'(z_gate) and dz_up = dy act(z_gate) in fp32, stored [M, 2N] (gate columns
     first) in dz's dtype (fp32, or bf16 rounded to nearest on both backends); with STORE_T also
-    transposed into dzt [2N, M], the layout dw's GEMMs read (their inner dim, M, contiguous). With a bias,
-    the tile's fp32 column sums of both into row pid_m of the partials [., 2N]. WIDEN: the operands
+    transposed into dzt [2N, M] (row stride sdzt), the layout dw's GEMMs read (their inner dim, M,
+    contiguous). With a bias, the tile's fp32 column sums of both into row pid_m of the partials
+    [., 2N]. WIDEN: the operands
     widened to fp32 for the dots; without it, 16-bit operands multiply in their own dtype (their
     products are exact in fp32 either way)."""
     pid_m, _ = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -511,8 +512,8 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dzt
     tl.store(dz_ptr + row + N, stored_up, mask=mask)
     if STORE_T:
         mask_t = (offs_n < N)[:, None] & (offs_m < M)[None, :]
-        col_gate = offs_n.to(tl.int64)[:, None] * M + offs_m[None, :]
-        col_up = (offs_n + N).to(tl.int64)[:, None] * M + offs_m[None, :]     # (N may be a constexpr 1)
+        col_gate = offs_n.to(tl.int64)[:, None] * sdzt + offs_m[None, :]
+        col_up = (offs_n + N).to(tl.int64)[:, None] * sdzt + offs_m[None, :]     # (N may be a constexpr 1)
         tl.store(dzt_ptr + col_gate, tl.trans(stored_gate), mask=mask_t)
         tl.store(dzt_ptr + col_up, tl.trans(stored_up), mask=mask_t)
     if HAS_BG or HAS_BU:
@@ -523,7 +524,7 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dzt
 
 _swiglu_dz_kernel = by_alignment(
     _swiglu_dz_kernel, x="x_ptr sxm sxk K", wg="wg_ptr sgn sgk K", wu="wu_ptr sun suk K", bg="bg_ptr sbg",
-    bu="bu_ptr sbu", dy="dy_ptr sdym sdyn N", dz="dz_ptr N", dzt="dzt_ptr M", part="part_ptr N")
+    bu="bu_ptr sbu", dy="dy_ptr sdym sdyn N", dz="dz_ptr N", dzt="dzt_ptr sdzt", part="part_ptr N")
 
 
 @triton.jit
@@ -635,7 +636,9 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
     on_gpu_gemms = transposed and native
     dy2 = dy.reshape(M, N)
     dz = allocate((M, 2 * N), dz_dtype, device, name="dz")
-    dzt = allocate((2 * N, M), dz_dtype, device, name="dz_t") if transposed else dz
+    # dz^T's rows padded to a multiple of 16 elements, whatever M: aligned for its store and for TMA.
+    mp = cdiv(M, 16) * 16
+    dzt = allocate((2 * N, mp), dz_dtype, device, name="dz_t")[:, :M] if transposed else dz
     cfg = _config(M, N, K, 2 if native else 4, 2, block_m, block_n, block_k, group_m)
     n_m_tiles = cdiv(M, cfg["BLOCK_M"])
     has_bias = b_gate is not None or b_up is not None
@@ -645,15 +648,17 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_u
         xk, wg, wu, b_gate if b_gate is not None else wg, b_up if b_up is not None else wg, dy2, dz, dzt, part,
         M, N, K, xk.stride(0), xk.stride(1), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1),
         b_gate.stride(0) if b_gate is not None else 0, b_up.stride(0) if b_up is not None else 0,
-        dy2.stride(0), dy2.stride(1), ACT=activation, HAS_BG=b_gate is not None, HAS_BU=b_up is not None,
-        EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION=precision, WIDEN=not native, STORE_T=transposed, **cfg)
+        dy2.stride(0), dy2.stride(1), dzt.stride(0) if transposed else 0, ACT=activation, HAS_BG=b_gate is not None,
+        HAS_BU=b_up is not None, EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION=precision, WIDEN=not native,
+        STORE_T=transposed, **cfg)
     dz_gate, dz_up = dz[:, :N], dz[:, N:]
     tiles = (block_m, block_n, block_k, group_m)
     if K and on_gpu_gemms:
         # dx = dz [w_gate; w_up] as a @ w^T with w = [w_gate; w_up]^T [K, 2N]; dw = dz^T x as a @ w^T
         # with a = dz^T, w = x^T [K, M] (the transposed copies: 2 N K and M K elements).
         w_t = torch.cat([w_gate, w_up]).t().contiguous()
-        x_t = x2.t().contiguous()
+        x_t = allocate((K, mp), dtype, device, name="x_t")[:, :M]       # rows padded as dz^T's
+        x_t.copy_(x2.t())
         _run(dz, [w_t], (None, None), out_dx.view(M, K), "none", False, *tiles)
         _run(dzt[:N], [x_t], (None, None), out_dw_gate, "none", False, *tiles)
         _run(dzt[N:], [x_t], (None, None), out_dw_up, "none", False, *tiles)
