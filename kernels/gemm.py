@@ -477,9 +477,8 @@ def _swiglu_dz_kernel(x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, dy_ptr, dz_ptr, dzt
     first) in dz's dtype (fp32, or bf16 rounded to nearest on both backends); with STORE_T also
     transposed into dzt [2N, M] (row stride sdzt), the layout dw's GEMMs read (their inner dim, M,
     contiguous). With a bias, the tile's fp32 column sums of both into row pid_m of the partials
-    [., 2N]. WIDEN: the operands
-    widened to fp32 for the dots; without it, 16-bit operands multiply in their own dtype (their
-    products are exact in fp32 either way)."""
+    [., 2N]. WIDEN: the operands widened to fp32 for the dots; without it, 16-bit operands multiply
+    in their own dtype (their products are exact in fp32 either way)."""
     pid_m, _ = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m, offs_n, offs_k, rm, rn, x_ptrs, wg_ptrs = gemm_tile(x_ptr, wg_ptr, M, N, sxm, sxk, sgn, sgk,
                                                                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
