@@ -88,5 +88,73 @@ def install() -> bool:
 
         ORIGINAL["_get_np_dtype"] = np_dtype
         it._get_np_dtype = _get_np_dtype
+    _install_type_memos()
     _installed = True
     return True
+
+
+def _install_type_memos() -> None:
+    """The language's type objects, which the interpreter builds for every value it makes: a
+    block_type keeps its shape as a triton.language tuple, whose type is inferred element by
+    element at each construction (185k constructions, 3.6 s of a 17 s chunked norm backward under
+    cProfile); every tensor builds another such tuple of constexprs from it (236k, 2.0 s); and
+    broadcasting compares shapes with plain lists through that tuple's __eq__, which first wraps
+    the list in another language tuple (1.5 s). Now block_type's __init__ copies the attributes of
+    the first instance of equal arguments, a tensor of a block type takes the shape and numel kept
+    on its type, and tuple.__eq__ compares a plain list or tuple without wrapping it: the same
+    values and comparisons (none of these objects is changed after __init__). A layernorm_backward
+    call (2 x 4097, chunks of 16) 3.6 -> 2.8 s before the tensor part."""
+    import builtins
+    import math
+
+    from triton.language import core
+    block_type, tl_tuple, constexpr = getattr(core, "block_type", None), getattr(core, "tuple", None), core.constexpr
+    if block_type is None or tl_tuple is None or "block_type.__init__" in ORIGINAL:
+        return
+    init, eq = block_type.__init__, tl_tuple.__eq__
+    made: dict = {}
+
+    def __eq__(self, other):
+        if isinstance(other, (list, builtins.tuple)):
+            return constexpr(self.values == list(other))
+        return eq(self, other)
+
+    tensor = core.tensor
+    tensor_init = tensor.__init__
+
+    def tensor_shape(ty):
+        """A tensor's shape (a language tuple of constexprs) and numel for block type ty, as
+        tensor.__init__ builds them; kept on the type, so the block types made from it share them
+        (nothing changes a tensor's shape after __init__)."""
+        found = ty.__dict__.get("_tensor_shape")
+        if found is None:
+            found = ty.__dict__["_tensor_shape"] = (tl_tuple([constexpr(d) for d in ty.shape]),
+                                                    constexpr(math.prod(ty.shape)))
+        return found
+
+    def __init__(self, element_ty, shape):
+        try:
+            key = (type(self), element_ty, builtins.tuple(d.value if isinstance(d, constexpr) else d for d in shape))
+            first = made.get(key)
+        except TypeError:           # an unhashable argument: build it as Triton does
+            key = first = None
+        if first is not None:
+            self.__dict__.update(first.__dict__)
+            return
+        init(self, element_ty, shape)
+        if key is not None:
+            tensor_shape(self)
+            made[key] = self
+
+    def new_tensor(self, handle, type):
+        if not isinstance(type, block_type):
+            return tensor_init(self, handle, type)
+        self.handle = handle
+        self.shape, self.numel = tensor_shape(type)
+        self.type = type
+        self.dtype = type.scalar
+
+    ORIGINAL.update({"block_type.__init__": init, "tuple.__eq__": eq, "tensor.__init__": tensor_init})
+    block_type.__init__ = __init__
+    tl_tuple.__eq__ = __eq__
+    tensor.__init__ = new_tensor

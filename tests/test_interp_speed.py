@@ -1,6 +1,6 @@
 """harness/interp_speed.py: the interpreter's device-function calls patch triton.language once a
-launch, not once a call, and nothing else changes: the same bits out of a kernel that calls
-helpers in its loops, the language restored after every launch."""
+launch, not once a call, its type objects are shared, and nothing else changes: the same bits out
+of a kernel that calls helpers in its loops, the language restored after every launch."""
 import pytest
 import torch
 
@@ -46,15 +46,25 @@ def test_the_memo_changes_no_bit_and_restores_the_language(dtype, backend, monke
         patches.append(fn)
         return original(fn)
 
+    from triton.language import core
+    types = {"block_type.__init__": (core.block_type, "__init__"), "tuple.__eq__": (core.tuple, "__eq__"),
+             "tensor.__init__": (core.tensor, "__init__")}
+    assert set(types) <= set(interp_speed.ORIGINAL), "the type memos are not installed"
+    memo_types = {name: getattr(cls, attr) for name, (cls, attr) in types.items()}
+
     def as_shipped():
         monkeypatch.setattr(it, "_patch_lang", counted)
         monkeypatch.setattr(it.GridExecutor, "__call__", interp_speed.ORIGINAL["GridExecutor.__call__"])
         monkeypatch.setattr(it, "_get_np_dtype", interp_speed.ORIGINAL["_get_np_dtype"])
+        for name, (cls, attr) in types.items():
+            monkeypatch.setattr(cls, attr, interp_speed.ORIGINAL[name])
 
     def memoised():
         monkeypatch.setattr(it, "_patch_lang", memo_patch)
         monkeypatch.setattr(it.GridExecutor, "__call__", memo_call)
         monkeypatch.setattr(it, "_get_np_dtype", memo_np_dtype)
+        for name, (cls, attr) in types.items():
+            monkeypatch.setattr(cls, attr, memo_types[name])
 
     memo_patch, memo_call, memo_np_dtype = it._patch_lang, it.GridExecutor.__call__, it._get_np_dtype
     assert memo_np_dtype is not interp_speed.ORIGINAL["_get_np_dtype"]
