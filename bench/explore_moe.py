@@ -63,7 +63,7 @@ def best_of(ts):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route
+    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route, gemv
     ap.add_argument("--decode-tiles", default=None, metavar="UPN,UPK,DNN,DNK,WARPS,STAGES;...",
                     help="the decode part's pointer tiles to sweep (default: four built in)")
     ap.add_argument("--loose-capacity", action="store_true",
@@ -303,6 +303,46 @@ def main():
             del q13, s13, q2, s2
             torch.cuda.empty_cache()
         km._MXFP4_TILES.update(base)
+
+    if "gemv" in parts:
+        # moe_mxfp4's decode route (matrix-vector products on the CUDA cores) against the widening
+        # GEMMs it replaces, in CUDA graphs, and its tiles; outputs compared with the GEMM route's.
+        base = dict(km._MXFP4_GEMV_TILES)
+        tiles = [dict(base)] + [dict(base, n=n, wide_from=1 << 30, k=kk, warps=w) for n, kk, w in (
+            (16, 256, 2), (32, 256, 2), (32, 256, 4), (64, 256, 4), (32, 128, 4), (64, 128, 4), (32, 256, 8),
+            (64, 256, 8), (16, 256, 4))]
+        for name, Td in (("mixtral", 1), ("mixtral", 4), ("qwen3", 1), ("qwen3", 16)):
+            E, k, H, I = SHAPES[name]
+            x, w13, w2, ids, tw = setup(name, Td, seed=Td)
+            q13, s13 = kernels.quantize_mxfp4(w13)
+            q2, s2 = kernels.quantize_mxfp4(w2)
+            del w13, w2
+            touched = ids.unique().numel()
+            nbytes = touched * 3 * I * H * (0.5 + 1 / 32) + 2 * Td * H * 2
+
+            def call():
+                return kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False)
+            km._MXFP4_GEMV_TILES.update(enabled=False)
+            y_gemm = call()
+            ms = graph_ms(call)
+            print(f"gemv {name} T{Td} GEMM route {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s", flush=True)
+            for cfg in tiles:
+                km._MXFP4_GEMV_TILES.update(cfg)
+                try:
+                    y = call()
+                    diff = ((y.float() - y_gemm.float()).abs().max() / y_gemm.float().abs().max()).item()
+                    ms = graph_ms(call)
+                    print(f"gemv {name} T{Td} cfg {cfg} {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s "
+                          f"max|diff|/max|y| {diff:.2e}", flush=True)
+                except Exception as exc:                  # a tile that does not compile or launch
+                    print(f"gemv {name} T{Td} cfg {cfg} failed: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+            km._MXFP4_GEMV_TILES.update(base)
+            per = profile(call)
+            print(f"gemv {name} T{Td} profile: " + ", ".join(f"{kk} {v * 1e3:.1f} us" for kk, v in
+                                                            sorted(per.items(), key=lambda kv: -kv[1])), flush=True)
+            del q13, s13, q2, s2
+            torch.cuda.empty_cache()
+        km._MXFP4_GEMV_TILES.update(base)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,17 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
+_SM_COUNTS: dict = {}
+
+
+def sm_count(device) -> int:
+    """The number of SMs of a CUDA device (a torch.device, index or name), looked up once."""
+    found = _SM_COUNTS.get(device)
+    if found is None:
+        found = _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return found
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

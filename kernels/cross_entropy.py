@@ -39,8 +39,9 @@ import triton
 import triton.language as tl
 
 from kernels._device import gemm_tile, kahan_add, rounded_for
-from kernels._launch import (allocate, cdiv, check_finite, check_out, check_same_device, check_same_dtype, check_tensor,
-                             check_validate, error_word, interpreting, new_out, next_power_of_2, report_errors)
+from kernels._launch import (allocate, cdiv, check_finite, check_out, check_same_device, check_same_dtype,
+                             check_tensor, check_validate, error_word, interpreting, new_out, next_power_of_2,
+                             report_errors, sm_count)
 from kernels.gemm import _config as gemm_tiles, _precision
 from kernels._variants import by_alignment
 
@@ -263,11 +264,6 @@ def _scale_kernel(x_ptr, out_ptr, g_ptr, n, HAS_SCALE: tl.constexpr, BLOCK: tl.c
 # Launch helpers
 # ---------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _tiles(M, N, K, elem_size, block):
     """kernels/gemm.py's pointer-kernel tiles (block: all three forced to it). BLOCK_M stays at
     most 128: the accumulating epilogue holds a second fp32 tile in registers. The interpreter,
@@ -315,7 +311,7 @@ def _dh_splits(device, M, N, K, elem_size, block, num_splits):
     if interpreting() or device.type != "cuda":
         return 1
     tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
-    return max(1, min(cdiv(_sm_count(device), tiles), most, 16))
+    return max(1, min(cdiv(sm_count(device), tiles), most, 16))
 
 
 GEMMS = ("triton", "torch")

@@ -41,8 +41,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._device import activate, gemm_tile, grouped_tile, rounded_for, times_activation_grad, widened
-from kernels._launch import (allocate, cdiv, check_same_device, check_same_dtype, check_tensor, interpreting, new_out,
-                             next_power_of_2)
+from kernels._launch import (allocate, cdiv, check_same_device, check_same_dtype, check_tensor, interpreting,
+                             new_out, next_power_of_2, sm_count)
 from kernels._reduce import partials, sum_row_groups
 from kernels._variants import by_alignment
 
@@ -276,15 +276,10 @@ def _tma_config(M, N, K, n_weights, block_m, block_n, block_k, group_m):
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m or 8, num_warps=warps, num_stages=stages)
 
 
-_SM_COUNT: dict = {}
-
-
 def _programs(device, tiles):
     if interpreting():
         return min(tiles, 3)        # a few programs, so each walks several tiles
-    if device not in _SM_COUNT:
-        _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(tiles, _SM_COUNT[device])
+    return min(tiles, sm_count(device))
 
 
 def _weight_pair(w_gate, w_up):

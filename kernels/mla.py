@@ -21,9 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import (allocate, bad_pages, cdiv, check_finite, check_same_device, check_same_dtype, check_tensor,
-                             check_validate, error_word, interpreting, merge_splits, new_out, next_power_of_2,
-                             paged_detail, paged_host_word, paged_problems, report_errors)
+from kernels._launch import (allocate, bad_pages, cdiv, check_finite, check_same_device, check_same_dtype,
+                             check_tensor, check_validate, error_word, interpreting, merge_splits, new_out,
+                             next_power_of_2, paged_detail, paged_host_word, paged_problems, report_errors,
+                             sm_count)
 from kernels._variants import by_alignment
 
 _LOG2E = 1.4426950408889634
@@ -267,11 +268,6 @@ def _tiles(rows, L, R, elem_size, length, block_h=None, block_n=None, num_warps=
     return bh, bn, bl, br, warps, stages
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index):
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _splits(programs, length, block_n, num_splits, device, block_h=64):
     """(splits, chunk): at most _SPLIT_PLAN's programs per SM over the `programs` (sequences x
     row blocks) of a call on a GPU (whole waves; about that many on the interpreter), but no
@@ -284,7 +280,7 @@ def _splits(programs, length, block_n, num_splits, device, block_h=64):
             sms, (per_sm, min_tiles) = _INTERPRETER_SMS, _SPLIT_PLAN["interpreter"]
             wanted = cdiv(per_sm * sms, max(1, programs))
         else:
-            sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+            sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
             per_sm, min_tiles = _SPLIT_PLAN["narrow" if block_h <= 32 else "wide"]
             wanted = per_sm * sms // max(1, programs)
         num_splits = max(1, min(wanted, cdiv(length, min_tiles * block_n), _MAX_GRID_YZ))

@@ -26,7 +26,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels._device import grouped_tile
 from kernels._launch import (FLOAT_DTYPES, allocate, cdiv, check_finite, check_same_device, check_same_dtype,
                              check_tensor, check_validate, error_word, interpreting, new_out, next_power_of_2,
-                             report_errors)
+                             report_errors, sm_count)
 from kernels._variants import by_alignment
 
 MAX_EXPERTS = 1024
@@ -632,7 +632,7 @@ def _use_tma(x, w13, w2, T, K, E, block_m):
 def _tma_programs(device, tiles):
     if interpreting():
         return min(tiles, 3)        # a few programs, so each walks several tiles
-    return min(tiles, torch.cuda.get_device_properties(device).multi_processor_count)
+    return min(tiles, sm_count(device))
 
 
 # The up GEMM gathers x's rows itself when it has at most this many column tiles (each re-reads
@@ -853,19 +853,25 @@ def _mxfp4_dot(a, q_ptr, s_ptr, e, rows, row_ok, k0, K, sq0, sq1, sq2, ss0, ss1,
 
 
 @triton.jit
-def _mxfp4_plain_scales(s_ptr, e, rows, row_ok, K, ss0, ss1, ss2):
-    """True when no scale of expert e's rows `rows` (K columns) is 0 (2^-127) or 255 (NaN), the
-    codes Triton's tl.dot_scaled reads as 0 and inf (bench/NOTES.md): one pass over the scales
-    before the K loop, so the loop keeps one path (a check inside it cost a third of the speed on
-    the H200)."""
+def _mxfp4_scales_within(s_ptr, e, rows, row_ok, K, ss0, ss1, ss2, LO: tl.constexpr, HI: tl.constexpr):
+    """True when every scale code of expert e's rows `rows` (K columns) lies in [LO, HI]: one pass
+    over the scales before a K loop, so the loop keeps one path (a check inside it cost a third
+    of the speed on the H200)."""
     cols = tl.arange(0, 32)
-    special = tl.zeros([rows.shape[0], 32], tl.int32)
+    outside = tl.zeros([rows.shape[0], 32], tl.int32)
     for c0 in range(0, K // 32, 32):
         code = tl.load(s_ptr + e.to(tl.int64) * ss0 + rows.to(tl.int64)[:, None] * ss1
                        + (c0 + cols).to(tl.int64)[None, :] * ss2,
-                       mask=row_ok[:, None] & (c0 + cols < K // 32)[None, :], other=127).to(tl.int32) & 0xFF
-        special = special | ((code == 0) | (code == 255)).to(tl.int32)
-    return tl.max(tl.max(special, axis=1), axis=0) == 0
+                       mask=row_ok[:, None] & (c0 + cols < K // 32)[None, :], other=LO).to(tl.int32) & 0xFF
+        outside = outside | ((code < LO) | (code > HI)).to(tl.int32)
+    return tl.max(tl.max(outside, axis=1), axis=0) == 0
+
+
+@triton.jit
+def _mxfp4_plain_scales(s_ptr, e, rows, row_ok, K, ss0, ss1, ss2):
+    """True when no scale of expert e's rows is 0 (2^-127) or 255 (NaN), the codes Triton's
+    tl.dot_scaled reads as 0 and inf (bench/NOTES.md)."""
+    return _mxfp4_scales_within(s_ptr, e, rows, row_ok, K, ss0, ss1, ss2, 1, 254)
 
 
 @triton.jit
@@ -975,6 +981,211 @@ def _moe_mxfp4_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, sorted_ptr, block_exper
 
 _moe_mxfp4_down_kernel = by_alignment(
     _moe_mxfp4_down_kernel, h="h_ptr I", q="q_ptr sq0 sq1 sq2", s="s_ptr ss2", buf="buf_ptr H")
+# ---------------------------------------------------------------------------------------------
+# moe_mxfp4's decode route (bf16 and fp32 x, at most one entry an expert on average: T k <= E).
+# A decode step reads each touched expert's weights once for one row, so the widening, not the
+# memory, bounds the GEMM routes above (tl.dot_scaled spends about 31 instructions a weight). Here
+# each entry is its own row block (moe_permute with block 1) and the GEMMs are matrix-vector
+# products on the CUDA cores: the codes are read as int32 words (8 values each) and every value is
+# widened in a few integer steps and one multiply (two where a scale code passes 128: _gemv_weight),
+# then multiplied into an fp32 accumulator where it lies: the same exact fp32 weights as the
+# contract's decode, the same fp32 products, summed in another order. Nsight Compute (H200, Mixtral
+# T 1, the up GEMM): the integer pipe 64 % busy and L1 80 % (each activation value is a 2-byte load),
+# DRAM 22 %: still the widening, not the memory, bounds it (bench/NOTES.md).
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _e2m1_nibble(words, N: tl.constexpr):
+    """Nibble N (bits 4N .. 4N + 3) of int32 `words` as fp32 e2m1 value x 2^-126, exactly: the three
+    magnitude bits (e1 e0 m) land on fp32's two lowest exponent bits and its top mantissa bit,
+    which reads as the value times 2^-126 (codes 0 and 1, e = 0, as the subnormals 0 and 2^-127:
+    e2m1's own subnormals, scaled); the sign bit moves to bit 31."""
+    if N <= 5:
+        mag = (words << (22 - 4 * N)) & 0x01C00000
+    else:
+        mag = (words >> (4 * N - 22)) & 0x01C00000
+    sign = (words << (28 - 4 * N)) & -2147483648
+    return (mag | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e8m0_fp32(codes):
+    """2^(S - 127) as fp32 for e8m0 scale codes S (int32 0 ... 255): S << 23 for 1 ... 254, the
+    subnormal 2^-127 for 0, NaN for 255 (the contract's NaN code)."""
+    bits = tl.where(codes == 0, 0x00400000, tl.where(codes == 255, 0x7FC00000, codes << 23))
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_scale(codes, FOLD: tl.constexpr):
+    """The decode route's multiplier for scale codes S: 2^(S - 127) (_e8m0_fp32), or with FOLD
+    (codes S <= 128 only) 2^(S - 1), the 2^126 of _e2m1_nibble folded in."""
+    if FOLD:
+        return ((codes + 126) << 23).to(tl.float32, bitcast=True)
+    return _e8m0_fp32(codes)
+
+
+@triton.jit
+def _gemv_weight(words, N: tl.constexpr, scale, FOLD: tl.constexpr):
+    """The exact fp32 weight of nibble N of `words` under `scale` (_gemv_scale): the contract's
+    decode, e2m1 x 2^(S - 127), subnormals and NaN included."""
+    if FOLD:
+        return _e2m1_nibble(words, N) * scale
+    return (_e2m1_nibble(words, N) * 8.507059173023462e+37) * scale       # 2^126, exact in fp32
+
+
+@triton.jit
+def _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss1, ss2, BLOCK_K: tl.constexpr):
+    """(words [R, BLOCK_K / 8] int32, scale codes [R, BLOCK_K / 32] int32) of rows `rows64` and
+    columns k0 ... k0 + BLOCK_K - 1 of expert e's MXFP4 matrix (K columns), its codes read as int32
+    words (word w of a row: columns 8w ... 8w + 7, column 8w + n in nibble n); zeros past K."""
+    word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    words = tl.load(q_ptr + e64 * sq0 + rows64[:, None] * sq1 + word[None, :].to(tl.int64),
+                    mask=row_ok[:, None] & (word < K // 8)[None, :], other=0)
+    g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    codes = tl.load(s_ptr + e64 * ss0 + rows64[:, None] * ss1 + g.to(tl.int64)[None, :] * ss2,
+                    mask=row_ok[:, None] & (g < K // 32)[None, :], other=127).to(tl.int32) & 0xFF
+    return words, codes
+
+
+@triton.jit
+def _mxfp4_gemv_fma(acc, words, codes, a_ptr, a_k, k0, K, BLOCK_K: tl.constexpr, FOLD: tl.constexpr):
+    """acc [R, BLOCK_K / 8] plus the products of one tile (_mxfp4_gemv_load) with columns k0 ...
+    k0 + BLOCK_K - 1 of one activation row (at a_ptr, stride a_k); acc[r, j] sums word j of row
+    r. Each weight is its exact fp32 value, as the contract decodes it: _e2m1_nibble times
+    2^126 2^(S - 127), or, with FOLD (every scale code S <= 128, so that 2^(S - 1) is an fp32
+    number), times 2^(S - 1) in one multiply. A thread holds 4 consecutive words of several rows
+    (the words are one 2-D tile), so each activation value it loads serves all of them; the scales
+    are spread to the words through a [R, BLOCK_K / 32, 4] view."""
+    R: tl.constexpr = words.shape[0]
+    G: tl.constexpr = BLOCK_K // 32
+    scale = tl.reshape(tl.broadcast_to(_gemv_scale(codes, FOLD)[:, :, None], [R, G, 4]), [R, BLOCK_K // 8])
+    word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    w_ok = word < K // 8
+    col = (8 * word).to(tl.int64) * a_k
+    for n in tl.static_range(8):
+        a = tl.load(a_ptr + col + n * a_k, mask=w_ok, other=0.0).to(tl.float32)
+        acc += _gemv_weight(words, n, scale, FOLD) * a[None, :]
+    return acc
+
+
+@triton.jit
+def _mxfp4_gemv(acc, a_ptr, a_k, q_ptr, s_ptr, e64, rows64, row_ok, K, sq0, sq1, ss0, ss1, ss2,
+                BLOCK_K: tl.constexpr, FOLD: tl.constexpr):
+    """acc plus rows `rows64` of expert e's MXFP4 matrix times one activation row, over all K.
+    (Loading each tile's codes an iteration ahead, by hand, was slower: bench/NOTES.md.)"""
+    for k0 in range(0, K, BLOCK_K):
+        words, codes = _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss1, ss2, BLOCK_K)
+        acc = _mxfp4_gemv_fma(acc, words, codes, a_ptr, a_k, k0, K, BLOCK_K, FOLD)
+    return acc
+
+
+@triton.jit
+def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, K_SLOTS, H, I,
+                              sx0, sx1, sq0, sq1, ss0, ss1, ss2, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (entry b, column tile): h[b, cols] = silu(x G_e^T) * (x U_e^T) for the one entry of
+    block b (moe_permute with block 1; blocks of -1, past the entries, do nothing), in x's dtype.
+    Entries are the grid's fastest axis, so the entries of one expert read a weight tile together."""
+    b = tl.program_id(0)
+    e = tl.load(block_expert_ptr + b)
+    if e >= 0:
+        e64 = e.to(tl.int64)
+        token = (tl.load(sorted_ptr + b) // K_SLOTS).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < I
+        gate_rows = cols.to(tl.int64)
+        up_rows = gate_rows + I
+        acc_g = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+        x_row = x_ptr + token * sx0
+        # Scale codes up to 128 (as checkpoints hold them) take one multiply a weight (FOLD).
+        if _mxfp4_scales_within(s_ptr, e, cols, col_ok, H, ss0, ss1, ss2, 0, 128) & \
+                _mxfp4_scales_within(s_ptr, e, cols + I, col_ok, H, ss0, ss1, ss2, 0, 128):
+            acc_g = _mxfp4_gemv(acc_g, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
+                                BLOCK_K, True)
+            acc_u = _mxfp4_gemv(acc_u, x_row, sx1, q_ptr, s_ptr, e64, up_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
+                                BLOCK_K, True)
+        else:
+            acc_g = _mxfp4_gemv(acc_g, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
+                                BLOCK_K, False)
+            acc_u = _mxfp4_gemv(acc_u, x_row, sx1, q_ptr, s_ptr, e64, up_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
+                                BLOCK_K, False)
+        g = tl.sum(acc_g, axis=1)
+        u = tl.sum(acc_u, axis=1)
+        h = g / (1.0 + tl.exp(-g)) * u
+        tl.store(h_ptr + b.to(tl.int64) * I + cols, h.to(h_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def _moe_mxfp4_gemv_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, block_expert_ptr, H, I, sq0, sq1, ss0, ss1, ss2,
+                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (entry b, column tile): buf[b, cols] = h[b] W2_e^T in fp32."""
+    b = tl.program_id(0)
+    e = tl.load(block_expert_ptr + b)
+    if e >= 0:
+        e64 = e.to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < H
+        acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+        h_row = h_ptr + b.to(tl.int64) * I
+        if _mxfp4_scales_within(s_ptr, e, cols, col_ok, I, ss0, ss1, ss2, 0, 128):
+            acc = _mxfp4_gemv(acc, h_row, 1, q_ptr, s_ptr, e64, cols.to(tl.int64), col_ok, I, sq0, sq1, ss0, ss1,
+                              ss2, BLOCK_K, True)
+        else:
+            acc = _mxfp4_gemv(acc, h_row, 1, q_ptr, s_ptr, e64, cols.to(tl.int64), col_ok, I, sq0, sq1, ss0, ss1,
+                              ss2, BLOCK_K, False)
+        tl.store(buf_ptr + b.to(tl.int64) * H + cols, tl.sum(acc, axis=1), mask=col_ok)
+
+
+_moe_mxfp4_gemv_up_kernel = by_alignment(
+    _moe_mxfp4_gemv_up_kernel, x="x_ptr sx0 sx1 H", q="q_ptr sq0 sq1", s="s_ptr ss2", h="h_ptr I")
+_moe_mxfp4_gemv_down_kernel = by_alignment(
+    _moe_mxfp4_gemv_down_kernel, h="h_ptr I", q="q_ptr sq0 sq1", s="s_ptr ss2", buf="buf_ptr H")
+# The decode route's GPU tiles (bench/explore_moe.py --part gemv, H200, CUDA graphs): BLOCK_K 256
+# (32 int32 words a row, 8 a scale block), 4 warps, BLOCK_N rows a program: 32, or 64 where that
+# still gives `wide_from` programs an SM (Mixtral T 1 / 4: 176 / 496 us, the widening GEMMs 231 /
+# 551; Qwen3-MoE T 1 / 16: 42.9 / 242, against 48.2 / 240). The interpreter
+# takes BLOCK_K 64 so that its cases cross tiles. `enabled` False: the GEMM routes (benchmarks).
+_MXFP4_GEMV_TILES = dict(n=32, wide_n=64, wide_from=4, k=256, warps=4, enabled=True)
+
+
+def _mxfp4_gemv_route(x_dtype, T, K, E, block_m) -> bool:
+    """Whether moe_mxfp4 takes the decode route: bf16 or fp32 x (fp16's contract rounds each weight
+    to fp16 first), at most one entry an expert on average, no forced block_m."""
+    return (_MXFP4_GEMV_TILES["enabled"] and block_m is None and T * K <= E
+            and x_dtype in (torch.bfloat16, torch.float32))
+
+
+def _as_words(q):
+    """uint8 codes [E, R, C] as int32 words [E, R, C / 4] (a view), or None when they cannot be
+    (the last dim not contiguous, strides or offset not multiples of 4 bytes)."""
+    if q.stride(-1) != 1 or q.shape[-1] % 4 or q.storage_offset() % 4 or any(s % 4 for s in q.stride()[:-1]):
+        return None
+    return q.view(torch.int32)
+
+
+def _mxfp4_gemv_layer(x, q13, w13_scales, q2, w2_scales, sorted_ids, block_expert, K, I):
+    """The decode route's two launches (codes as int32 words); the fp32 [entries, H] buffer."""
+    T, H = x.shape
+    n_blocks = block_expert.shape[0]
+    t = _MXFP4_GEMV_TILES
+    bk_cap = 64 if interpreting() else t["k"]
+    h = allocate((n_blocks, I), x.dtype, x.device, name="h")
+    buf = allocate((n_blocks, H), torch.float32, x.device, name="moe_partial")
+    wide = not interpreting() and n_blocks * cdiv(I, t["wide_n"]) >= t["wide_from"] * sm_count(x.device)
+    n = t["wide_n"] if wide else t["n"]
+    bn_up = min(n, max(16, next_power_of_2(I)))
+    bn_dn = min(n, max(16, next_power_of_2(H)))
+    _moe_mxfp4_gemv_up_kernel[(n_blocks, cdiv(I, bn_up))](
+        x, q13, w13_scales, h, sorted_ids, block_expert, K, H, I, x.stride(0), x.stride(1),
+        q13.stride(0), q13.stride(1), *w13_scales.stride(),
+        BLOCK_N=bn_up, BLOCK_K=min(bk_cap, max(32, next_power_of_2(H))), num_warps=t["warps"])
+    _moe_mxfp4_gemv_down_kernel[(n_blocks, cdiv(H, bn_dn))](
+        h, q2, w2_scales, buf, block_expert, H, I, q2.stride(0), q2.stride(1), *w2_scales.stride(),
+        BLOCK_N=bn_dn, BLOCK_K=min(bk_cap, max(32, next_power_of_2(I))), num_warps=t["warps"])
+    return buf
+
+
 # GPU tiles of moe_mxfp4's widening kernels, which serve calls of fewer than _MXFP4_DEQUANT's
 # rows an expert (bench/explore_moe.py --part mxfp4, H200, CUDA graphs): small tiles and 2 warps
 # (more programs resident an SM: Nsight Compute found the 4-warp kernels at 213 registers, 1-2
@@ -1113,6 +1324,12 @@ def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2
         bm = _tma_block_m(T, K, E, block_m)
         sorted_ids, block_expert, num, inv = moe_permute(topk_ids, E, bm)
         buf = _mxfp4_dequantized(x, I, w13_q, w13_scales, w2_q, w2_scales, sorted_ids, block_expert, num, inv, bm)
+        _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
+        return out
+    words = (_as_words(w13_q), _as_words(w2_q)) if _mxfp4_gemv_route(x.dtype, T, K, E, block_m) else (None,)
+    if None not in words:
+        sorted_ids, block_expert, _, inv = moe_permute(topk_ids, E, 1)
+        buf = _mxfp4_gemv_layer(x, words[0], w13_scales, words[1], w2_scales, sorted_ids, block_expert, K, I)
         _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
         return out
     bm, bn_up, bk_up, bn_dn, bk_dn = _moe_mxfp4_blocks(T, K, E, H, I, block_m)

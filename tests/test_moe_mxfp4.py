@@ -18,6 +18,8 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels
 import oracles
@@ -25,6 +27,8 @@ from harness import registry
 from harness.cases import Case
 from harness.compare import Magnitudes, compare, sqnr_db
 from harness.ops.moe import EDGES, _routing
+from kernels.moe import _gemv_scale, _gemv_weight
+from kernels.mxfp4 import _e2m1_decode
 from oracles.moe import _expert, mxfp4_weights
 from tests.test_moe import shift_first_block_expert
 from tests.test_mutants import SPECIFIC
@@ -149,6 +153,63 @@ def test_dequantizing_route_chunks_agree(dtype, backend, budgets, monkeypatch):
         monkeypatch.setitem(kmoe._MXFP4_DEQUANT, "scratch", c * per_expert)
         assert torch.equal(kmoe.moe_mxfp4(*op._args(inp)), whole), f"chunks of {c}"
         assert calls == [n for n in sizes for _ in (0, 1)]
+
+
+_DECODE_CASES = [Case.make("moe_mxfp4", dtype, (3, 96, 64, 8), seed=13, values=values, top_k=2,
+                           **({"scales": kind} if kind else {}))
+                 for dtype in DTYPES for kind in (None, "edges", "nan") for values in ("normal", "outlier")
+                 if not (kind and values != "normal")]
+
+
+@pytest.mark.parametrize("case", _DECODE_CASES, ids=str)
+def test_decode_route(case, backend, budgets, monkeypatch):
+    """Decode-sized calls (at most one entry an expert: T k <= E, here 6 <= 8) in bf16 and fp32
+    take the matrix-vector route (no tl.dot: bf16 runs on the interpreter too), and pass the
+    budget with the catalogue's edge and NaN scales; fp16 (whose contract rounds each weight to
+    fp16) keeps the GEMM route."""
+    kmoe = __import__("kernels.moe", fromlist=["_mxfp4_gemv_layer"])
+    op = registry.get("moe_mxfp4")
+    inp = op.inputs(case, backend.device)
+    taken = []
+    real = kmoe._mxfp4_gemv_layer
+    monkeypatch.setattr(kmoe, "_mxfp4_gemv_layer", lambda *a: taken.append(1) or real(*a))
+    got = kmoe.moe_mxfp4(*op._args(inp))
+    assert bool(taken) == (case.dtype != "float16"), "the decode route was taken where it must not be, or not taken"
+    assert _judge(op, inp, got, budgets.get("moe_mxfp4", case.dtype, backend.name)).passed
+
+
+@triton.jit
+def _both_widenings_kernel(fast_ptr, exact_ptr, FOLD: tl.constexpr):
+    """Every e2m1 code in each of a word's 8 nibbles under every scale code: the decode route's
+    widening (_gemv_weight) and the exact decode, [256 scales, 8 nibbles, 16 codes]."""
+    code = tl.arange(0, 16)[None, None, :]
+    nib = tl.arange(0, 8)[None, :, None]
+    scale = tl.arange(0, 256)[:, None, None]
+    # A word holding `code` in nibble `nib` and the complement code (15 - code) in the others.
+    word = tl.zeros([256, 8, 16], tl.int32)
+    for n in tl.static_range(8):
+        word = word | (tl.where(nib == n, code, 15 - code) << (4 * n))
+    offs = scale * 128 + nib * 16 + code
+    fast = tl.zeros([256, 8, 16], tl.float32)
+    for n in tl.static_range(8):
+        fast = tl.where(nib == n, _gemv_weight(word, n, _gemv_scale(scale, FOLD), FOLD), fast)
+    tl.store(fast_ptr + offs, fast)
+    tl.store(exact_ptr + offs, _e2m1_decode(code + 0 * nib, scale))
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_decode_route_widening_is_exact(fold, backend):
+    """The decode route's widening equals the exact decode bit for bit for every e2m1 code (signs
+    included) in every nibble of a word, under every scale code it is used for: all of them
+    (0's subnormal 2^-127 and 255's NaN included), or with the scale folded in, 0 ... 128."""
+    fast = torch.empty(256 * 8 * 16, dtype=torch.float32, device=backend.device)
+    exact = torch.empty_like(fast)
+    _both_widenings_kernel[(1,)](fast, exact, FOLD=fold)
+    n = (129 if fold else 256) * 128
+    fast, exact = fast[:n], exact[:n]
+    nan = torch.isnan(exact)
+    assert torch.equal(torch.isnan(fast), nan)
+    assert torch.equal(fast[~nan].view(torch.int32), exact[~nan].view(torch.int32))
 
 
 def test_deterministic(backend):
