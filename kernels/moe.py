@@ -1035,13 +1035,19 @@ def _gemv_weight(words, N: tl.constexpr, scale, FOLD: tl.constexpr):
 
 
 @triton.jit
-def _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss1, ss2, BLOCK_K: tl.constexpr):
+def _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss1, ss2, BLOCK_K: tl.constexpr,
+                     EVEN_K: tl.constexpr):
     """(words [R, BLOCK_K / 8] int32, scale codes [R, BLOCK_K / 32] int32) of rows `rows64` and
     columns k0 ... k0 + BLOCK_K - 1 of expert e's MXFP4 matrix (K columns), its codes read as int32
-    words (word w of a row: columns 8w ... 8w + 7, column 8w + n in nibble n); zeros past K."""
+    words (word w of a row: columns 8w ... 8w + 7, column 8w + n in nibble n); zeros past K. With
+    EVEN_K (K a multiple of BLOCK_K) no column mask: a mask that changes at every word keeps the
+    loads from being vectorised (K // 8's divisibility is not known to the compiler)."""
     word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    words = tl.load(q_ptr + e64 * sq0 + rows64[:, None] * sq1 + word[None, :].to(tl.int64),
-                    mask=row_ok[:, None] & (word < K // 8)[None, :], other=0)
+    if EVEN_K:
+        w_mask = row_ok[:, None]
+    else:
+        w_mask = row_ok[:, None] & (word < K // 8)[None, :]
+    words = tl.load(q_ptr + e64 * sq0 + rows64[:, None] * sq1 + word[None, :].to(tl.int64), mask=w_mask, other=0)
     g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     codes = tl.load(s_ptr + e64 * ss0 + rows64[:, None] * ss1 + g.to(tl.int64)[None, :] * ss2,
                     mask=row_ok[:, None] & (g < K // 32)[None, :], other=127).to(tl.int32) & 0xFF
@@ -1049,9 +1055,10 @@ def _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss
 
 
 @triton.jit
-def _mxfp4_gemv_fma(acc, words, codes, a_ptr, a_k, k0, K, BLOCK_K: tl.constexpr, FOLD: tl.constexpr):
+def _mxfp4_gemv_fma(acc, words, codes, a_ptr, a_k, k0, K, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+                    EVEN_K: tl.constexpr):
     """acc [R, BLOCK_K / 8] plus the products of one tile (_mxfp4_gemv_load) with columns k0 ...
-    k0 + BLOCK_K - 1 of one activation row (at a_ptr, stride a_k); acc[r, j] sums word j of row
+    k0 + BLOCK_K - 1 of one activation row (at a_ptr, column stride a_k); acc[r, j] sums word j of row
     r. Each weight is its exact fp32 value, as the contract decodes it: _e2m1_nibble times
     2^126 2^(S - 127), or, with FOLD (every scale code S <= 128, so that 2^(S - 1) is an fp32
     number), times 2^(S - 1) in one multiply. A thread holds 4 consecutive words of several rows
@@ -1064,28 +1071,34 @@ def _mxfp4_gemv_fma(acc, words, codes, a_ptr, a_k, k0, K, BLOCK_K: tl.constexpr,
     w_ok = word < K // 8
     col = (8 * word).to(tl.int64) * a_k
     for n in tl.static_range(8):
-        a = tl.load(a_ptr + col + n * a_k, mask=w_ok, other=0.0).to(tl.float32)
+        if EVEN_K:
+            a = tl.load(a_ptr + col + n * a_k).to(tl.float32)
+        else:
+            a = tl.load(a_ptr + col + n * a_k, mask=w_ok, other=0.0).to(tl.float32)
         acc += _gemv_weight(words, n, scale, FOLD) * a[None, :]
     return acc
 
 
 @triton.jit
 def _mxfp4_gemv(acc, a_ptr, a_k, q_ptr, s_ptr, e64, rows64, row_ok, K, sq0, sq1, ss0, ss1, ss2,
-                BLOCK_K: tl.constexpr, FOLD: tl.constexpr):
+                BLOCK_K: tl.constexpr, FOLD: tl.constexpr, EVEN_K: tl.constexpr):
     """acc plus rows `rows64` of expert e's MXFP4 matrix times one activation row, over all K.
     (Loading each tile's codes an iteration ahead, by hand, was slower: bench/NOTES.md.)"""
     for k0 in range(0, K, BLOCK_K):
-        words, codes = _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss1, ss2, BLOCK_K)
-        acc = _mxfp4_gemv_fma(acc, words, codes, a_ptr, a_k, k0, K, BLOCK_K, FOLD)
+        words, codes = _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss1, ss2, BLOCK_K,
+                                        EVEN_K)
+        acc = _mxfp4_gemv_fma(acc, words, codes, a_ptr, a_k, k0, K, BLOCK_K, FOLD, EVEN_K)
     return acc
 
 
 @triton.jit
 def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, K_SLOTS, H, I,
-                              sx0, sx1, sq0, sq1, ss0, ss1, ss2, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                              sx0, sx1, sq0, sq1, ss0, ss1, ss2, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              EVEN_K: tl.constexpr):
     """Program (entry b, column tile): h[b, cols] = silu(x G_e^T) * (x U_e^T) for the one entry of
     block b (moe_permute with block 1; blocks of -1, past the entries, do nothing), in x's dtype.
-    Entries are the grid's fastest axis, so the entries of one expert read a weight tile together."""
+    Entries are the grid's fastest axis, so
+    the entries of one expert read a weight tile together."""
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e >= 0:
@@ -1102,14 +1115,14 @@ def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expe
         if _mxfp4_scales_within(s_ptr, e, cols, col_ok, H, ss0, ss1, ss2, 0, 128) & \
                 _mxfp4_scales_within(s_ptr, e, cols + I, col_ok, H, ss0, ss1, ss2, 0, 128):
             acc_g = _mxfp4_gemv(acc_g, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
-                                BLOCK_K, True)
+                                BLOCK_K, True, EVEN_K)
             acc_u = _mxfp4_gemv(acc_u, x_row, sx1, q_ptr, s_ptr, e64, up_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
-                                BLOCK_K, True)
+                                BLOCK_K, True, EVEN_K)
         else:
             acc_g = _mxfp4_gemv(acc_g, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
-                                BLOCK_K, False)
+                                BLOCK_K, False, EVEN_K)
             acc_u = _mxfp4_gemv(acc_u, x_row, sx1, q_ptr, s_ptr, e64, up_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
-                                BLOCK_K, False)
+                                BLOCK_K, False, EVEN_K)
         g = tl.sum(acc_g, axis=1)
         u = tl.sum(acc_u, axis=1)
         h = g / (1.0 + tl.exp(-g)) * u
@@ -1118,7 +1131,7 @@ def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expe
 
 @triton.jit
 def _moe_mxfp4_gemv_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, block_expert_ptr, H, I, sq0, sq1, ss0, ss1, ss2,
-                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """Program (entry b, column tile): buf[b, cols] = h[b] W2_e^T in fp32."""
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
@@ -1130,10 +1143,10 @@ def _moe_mxfp4_gemv_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, block_expert_ptr, 
         h_row = h_ptr + b.to(tl.int64) * I
         if _mxfp4_scales_within(s_ptr, e, cols, col_ok, I, ss0, ss1, ss2, 0, 128):
             acc = _mxfp4_gemv(acc, h_row, 1, q_ptr, s_ptr, e64, cols.to(tl.int64), col_ok, I, sq0, sq1, ss0, ss1,
-                              ss2, BLOCK_K, True)
+                              ss2, BLOCK_K, True, EVEN_K)
         else:
             acc = _mxfp4_gemv(acc, h_row, 1, q_ptr, s_ptr, e64, cols.to(tl.int64), col_ok, I, sq0, sq1, ss0, ss1,
-                              ss2, BLOCK_K, False)
+                              ss2, BLOCK_K, False, EVEN_K)
         tl.store(buf_ptr + b.to(tl.int64) * H + cols, tl.sum(acc, axis=1), mask=col_ok)
 
 
@@ -1143,8 +1156,8 @@ _moe_mxfp4_gemv_down_kernel = by_alignment(
     _moe_mxfp4_gemv_down_kernel, h="h_ptr I", q="q_ptr sq0 sq1", s="s_ptr ss2", buf="buf_ptr H")
 # The decode route's GPU tiles (bench/explore_moe.py --part gemv, H200, CUDA graphs): BLOCK_K 256
 # (32 int32 words a row, 8 a scale block), 4 warps, BLOCK_N rows a program: 32, or 64 where that
-# still gives `wide_from` programs an SM (Mixtral T 1 / 4: 176 / 496 us, the widening GEMMs 231 /
-# 551; Qwen3-MoE T 1 / 16: 42.9 / 242, against 48.2 / 240). The interpreter
+# still gives `wide_from` programs an SM (Mixtral T 1 / 4: 168 / 487 us, the widening GEMMs 231 /
+# 555; Qwen3-MoE T 1 / 16: 43.0 / 233, against 48.2 / 241). The interpreter
 # takes BLOCK_K 64 so that its cases cross tiles. `enabled` False: the GEMM routes (benchmarks).
 _MXFP4_GEMV_TILES = dict(n=32, wide_n=64, wide_from=4, k=256, warps=4, enabled=True)
 
@@ -1176,13 +1189,15 @@ def _mxfp4_gemv_layer(x, q13, w13_scales, q2, w2_scales, sorted_ids, block_exper
     n = t["wide_n"] if wide else t["n"]
     bn_up = min(n, max(16, next_power_of_2(I)))
     bn_dn = min(n, max(16, next_power_of_2(H)))
+    bk_up = min(bk_cap, max(32, next_power_of_2(H)))
+    bk_dn = min(bk_cap, max(32, next_power_of_2(I)))
     _moe_mxfp4_gemv_up_kernel[(n_blocks, cdiv(I, bn_up))](
         x, q13, w13_scales, h, sorted_ids, block_expert, K, H, I, x.stride(0), x.stride(1),
         q13.stride(0), q13.stride(1), *w13_scales.stride(),
-        BLOCK_N=bn_up, BLOCK_K=min(bk_cap, max(32, next_power_of_2(H))), num_warps=t["warps"])
+        BLOCK_N=bn_up, BLOCK_K=bk_up, EVEN_K=H % bk_up == 0, num_warps=t["warps"])
     _moe_mxfp4_gemv_down_kernel[(n_blocks, cdiv(H, bn_dn))](
         h, q2, w2_scales, buf, block_expert, H, I, q2.stride(0), q2.stride(1), *w2_scales.stride(),
-        BLOCK_N=bn_dn, BLOCK_K=min(bk_cap, max(32, next_power_of_2(I))), num_warps=t["warps"])
+        BLOCK_N=bn_dn, BLOCK_K=bk_dn, EVEN_K=I % bk_dn == 0, num_warps=t["warps"])
     return buf
 
 

@@ -155,6 +155,13 @@ def _production_calls(dev):
     q2, s2 = kernels.quantize_mxfp4(r(E * Hm, I))
     kernels.moe_mxfp4(xm, q13.view(E, 2 * I, -1), s13.view(E, 2 * I, -1), q2.view(E, Hm, -1), s2.view(E, Hm, -1),
                       ids_m, weights)
+    # a decode step (T k <= E: the matrix-vector route, whose int32 code words want rows of 128
+    # values or more to be 16-word aligned)
+    Id = Hd = 128
+    q13, s13 = kernels.quantize_mxfp4(r(E * 2 * Id, Hd))
+    q2, s2 = kernels.quantize_mxfp4(r(E * Hd, Id))
+    kernels.moe_mxfp4(r(1, Hd), q13.view(E, 2 * Id, -1), s13.view(E, 2 * Id, -1), q2.view(E, Hd, -1),
+                      s2.view(E, Hd, -1), ids_m[:1], weights[:1])
     kernels.dequantize_mxfp4(q13, s13)
     kernels.moe_permute(torch.randint(0, E, (700, top_k), generator=g).to(dev), E, 16)   # entries in many chunks
 
