@@ -81,12 +81,14 @@ def _wrapped() -> dict:
     return found
 
 
-def _production_calls(dev):
+def _production_calls(dev, dtype=torch.float32):
     """Launcher calls as a model makes them: contiguous tensors, feature dims multiples of 16, odd
-    row and token counts. Each yields the name of what it calls."""
+    row and token counts; float tensors in `dtype` (scripts/vector_check.py runs bf16 too). Each
+    yields the name of what it calls."""
     g = torch.Generator().manual_seed(0)
+    float_dtype = dtype
 
-    def r(*shape, dtype=torch.float32):
+    def r(*shape, dtype=float_dtype):
         return torch.randn(*shape, generator=g).to(dtype).to(dev)
 
     rows, D = 5, 64
