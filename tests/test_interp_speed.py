@@ -46,9 +46,11 @@ def test_the_memo_changes_no_bit_and_restores_the_language(dtype, backend, monke
         patches.append(fn)
         return original(fn)
 
-    from triton.language import core
+    from triton.language import core, semantic
     types = {"block_type.__init__": (core.block_type, "__init__"), "tuple.__eq__": (core.tuple, "__eq__"),
-             "tensor.__init__": (core.tensor, "__init__")}
+             "tensor.__init__": (core.tensor, "__init__"),
+             "TritonSemantic.broadcast_impl_value": (semantic.TritonSemantic, "broadcast_impl_value"),
+             "TritonSemantic.computation_type_impl": (semantic.TritonSemantic, "computation_type_impl")}
     assert set(types) <= set(interp_speed.ORIGINAL), "the type memos are not installed"
     memo_types = {name: getattr(cls, attr) for name, (cls, attr) in types.items()}
 
