@@ -34,6 +34,18 @@ def setup(name, T, dev="cuda", seed=0):
     return x, w13, w2, ids, tw
 
 
+def mxfp4_setup(name, T):
+    """setup()'s call with its weights quantized to MXFP4: (x, q13, s13, q2, s2, ids, tw, bytes of the
+    touched experts' codes and scales plus x and y)."""
+    E, k, H, I = SHAPES[name]
+    x, w13, w2, ids, tw = setup(name, T, seed=T)
+    q13, s13 = kernels.quantize_mxfp4(w13)
+    q2, s2 = kernels.quantize_mxfp4(w2)
+    del w13, w2
+    nbytes = ids.unique().numel() * 3 * I * H * (0.5 + 1 / 32) + 2 * T * H * 2
+    return x, q13, s13, q2, s2, ids, tw, nbytes
+
+
 def graph_ms(fn):
     fn()
     graph = torch.cuda.CUDAGraph()
@@ -287,13 +299,7 @@ def main():
                                           (32, 32, 64, 2, 4), (16, 16, 128, 1, 4), (16, 32, 128, 1, 4))]
         for name, Td in (("mixtral", 1), ("mixtral", 16), ("mixtral", 64), ("mixtral", 256), ("qwen3", 1),
                          ("qwen3", 16), ("qwen3", 64), ("qwen3", 1024)):
-            E, k, H, I = SHAPES[name]
-            x, w13, w2, ids, tw = setup(name, Td, seed=Td)
-            q13, s13 = kernels.quantize_mxfp4(w13)
-            q2, s2 = kernels.quantize_mxfp4(w2)
-            del w13, w2
-            touched = ids.unique().numel()
-            nbytes = touched * 3 * I * H * (0.5 + 1 / 32) + 2 * Td * H * 2
+            x, q13, s13, q2, s2, ids, tw, nbytes = mxfp4_setup(name, Td)
             for cfg in cfgs:
                 km._MXFP4_TILES.update(cfg)
                 ms = graph_ms(lambda: kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False))
@@ -311,13 +317,7 @@ def main():
         tiles = [dict(base)] + [dict(base, n=n, wide_from=1 << 30, k=kk, warps=w) for n, kk, w in (
             (32, 256, 2), (64, 256, 4), (64, 256, 8), (16, 256, 4), (32, 128, 4), (32, 512, 4))]
         for name, Td in (("mixtral", 1), ("mixtral", 4), ("qwen3", 1), ("qwen3", 16)):
-            E, k, H, I = SHAPES[name]
-            x, w13, w2, ids, tw = setup(name, Td, seed=Td)
-            q13, s13 = kernels.quantize_mxfp4(w13)
-            q2, s2 = kernels.quantize_mxfp4(w2)
-            del w13, w2
-            touched = ids.unique().numel()
-            nbytes = touched * 3 * I * H * (0.5 + 1 / 32) + 2 * Td * H * 2
+            x, q13, s13, q2, s2, ids, tw, nbytes = mxfp4_setup(name, Td)
 
             def call():
                 return kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False)
