@@ -1097,8 +1097,7 @@ def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expe
                               EVEN_K: tl.constexpr):
     """Program (entry b, column tile): h[b, cols] = silu(x G_e^T) * (x U_e^T) for the one entry of
     block b (moe_permute with block 1; blocks of -1, past the entries, do nothing), in x's dtype.
-    Entries are the grid's fastest axis, so
-    the entries of one expert read a weight tile together."""
+    Entries are the grid's fastest axis, so the entries of one expert read a weight tile together."""
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e >= 0:
@@ -1157,8 +1156,8 @@ _moe_mxfp4_gemv_down_kernel = by_alignment(
 # The decode route's GPU tiles (bench/explore_moe.py --part gemv, H200, CUDA graphs): BLOCK_K 256
 # (32 int32 words a row, 8 a scale block), 4 warps, BLOCK_N rows a program: 32, or 64 where that
 # still gives `wide_from` programs an SM (Mixtral T 1 / 4: 168 / 487 us, the widening GEMMs 231 /
-# 555; Qwen3-MoE T 1 / 16: 43.0 / 233, against 48.2 / 241). The interpreter
-# takes BLOCK_K 64 so that its cases cross tiles. `enabled` False: the GEMM routes (benchmarks).
+# 555; Qwen3-MoE T 1 / 16: 43.0 / 233, against 48.2 / 241). The interpreter takes BLOCK_K 64 so
+# that its cases cross tiles. `enabled` False: the GEMM routes (benchmarks).
 _MXFP4_GEMV_TILES = dict(n=32, wide_n=64, wide_from=4, k=256, warps=4, enabled=True)
 
 
