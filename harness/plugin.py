@@ -119,6 +119,7 @@ class State:
     impls: dict = field(default_factory=dict)       # op -> harness.impls.Implementation (--impl)
     impl_not_run: Counter = field(default_factory=Counter)      # (op, reason) -> tests --impl left out
     impl_unsupported: Counter = field(default_factory=Counter)  # (op, reason) -> checks it declared unsupported
+    gap_draws: Counter = field(default_factory=Counter)  # (op, gap id) -> random draws a case-level gap hit
     gpu_sharers: int = 0        # GPU run: how many processes share this one's GPU (0: not a GPU run)
     cache_limit: int = 0        # ... and the bytes of cached memory it keeps between tests (gpus.cache_limit)
     memory_turns: object = None # gpus.MemoryTurns of this worker's GPU (shared GPU runs only)
@@ -130,7 +131,8 @@ class State:
 
 ITEM_PROPERTY = "kernelcheck-item"   # user_properties name: an op test's [op, dtype, config, values]
 NOTE_PROPERTY = "kernelcheck-note"
-UNSUPPORTED_PROPERTY = "kernelcheck-unsupported"   # a check an --impl declared unsupported: (op, reason)   # user_properties name: a finding a test reports without failing
+UNSUPPORTED_PROPERTY = "kernelcheck-unsupported"   # a check an --impl declared unsupported: (op, reason)
+GAP_DRAW_PROPERTY = "kernelcheck-gap-draw"   # a random draw a case-level gap hits, not run: (op, gap id)   # user_properties name: a finding a test reports without failing
 
 
 _STATE = pytest.StashKey[State]()
@@ -501,7 +503,8 @@ def pytest_collection_modifyitems(config, items):
             item.user_properties.append((ITEM_PROPERTY, json.dumps([op, dtype, kconfig, values])))
             case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
             case = case if hasattr(case, "shape") else None
-            gap = gaps.find(s.backend.name, op, dtype, kconfig, s.backend.versions, values, case_params, case)
+            gap = gaps.find(s.backend.name, op, dtype, kconfig, s.backend.versions, values, case_params, case,
+                            drawn=getattr(item, "originalname", None) == "test_random")
             if gap is not None and s.impls and not s.impls[op].triton:
                 gap = None          # a gap of Triton's backend; this implementation does not run through Triton
             if gap is not None:
@@ -509,9 +512,7 @@ def pytest_collection_modifyitems(config, items):
                 if s.impls:     # an unexpected pass here most often means: not a Triton implementation
                     reason += (f"; {s.impls[op].name} is taken to run through Triton: if it does not, "
                                f"declare Implementation(..., triton=False) (docs/plugins.md)")
-                # A gap of some cases only: a random test's draws may all fall outside it.
-                strict = gap.cases is None or case is not None
-                item.add_marker(pytest.mark.xfail(strict=strict, reason=reason))
+                item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -649,6 +650,15 @@ def check(request, record_property):
     s = state(request.config)
 
     def run(case):
+        if request.node.get_closest_marker("xfail") is None:
+            # A random draw that a gap of some cases hits (pinned cases are marked when collected):
+            # not run, counted; the draws outside it are judged as any check.
+            gap = gaps.find(s.backend.name, case.op, case.dtype, case.config, s.backend.versions, case.values,
+                            dict(case.params), case)
+            impl = s.impls.get(case.op)
+            if gap is not None and gap.cases is not None and (impl is None or impl.triton):
+                record_property(GAP_DRAW_PROPERTY, json.dumps([case.op, gap.id]))
+                return None
         try:
             outcome = run_case(case, s.backend, s.budgets, s.impls.get(case.op))
         except implementations.Unsupported as why:
@@ -736,7 +746,9 @@ class Recorder:
             for name, v in report.user_properties:
                 if name == UNSUPPORTED_PROPERTY:
                     s.impl_unsupported[tuple(json.loads(v))] += 1
-            declared = any(name == UNSUPPORTED_PROPERTY for name, _ in report.user_properties)
+                elif name == GAP_DRAW_PROPERTY:
+                    s.gap_draws[tuple(json.loads(v))] += 1
+            declared = any(name in (UNSUPPORTED_PROPERTY, GAP_DRAW_PROPERTY) for name, _ in report.user_properties)
             if report.passed and "audited" in report.keywords and not recs and not wasxfail and not declared:
                 s.unaudited.append(report.nodeid)
         if self.junit:
@@ -808,6 +820,7 @@ class Recorder:
                     "impls": {op: {"name": i.name, "spec": i.spec} for op, i in sorted(s.impls.items())},
                     "impl_not_run": [[op, why, n] for (op, why), n in sorted(s.impl_not_run.items())],
                     "impl_unsupported": [[op, why, n] for (op, why), n in sorted(s.impl_unsupported.items())],
+                    "gap_draws": [[op, gap, n] for (op, gap), n in sorted(s.gap_draws.items())],
                     # NumPy's BLAS kernels: the interpreter's tl.dot, whose rounding depends on them
                     "blas": blas.info()}
             if s.shard:
@@ -878,6 +891,8 @@ class Recorder:
             tr.write_line(f"  {op}: {n} test(s) not run: {why} (declared by the implementation)")
         for (op, why), n in sorted(s.impl_unsupported.items()):
             tr.write_line(f"  {op}: {n} check(s) not judged: {why} (declared unsupported by the implementation)")
+        for (op, gap), n in sorted(s.gap_draws.items()):
+            tr.write_line(f"{op}: {n} random draw(s) not run: declared gap {gap} hits them (the other draws were judged)")
         if s.notes:
             tr.write_line(f"notes ({len(s.notes)}, neither passed nor failed):")
             for test, text in sorted(s.notes):

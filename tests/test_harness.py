@@ -202,6 +202,19 @@ def test_gap_matching_by_case_params():
     assert not gap.applies("interpreter", "fp8_matmul", "float32", "auto", {}, "normal", {"fmt": "e5m2"})
 
 
+def test_gap_matching_by_case():
+    """A gap of some cases (a predicate over the Case) marks the cases it hits and a test without a
+    case, never a random test (its draws are sorted one by one by the check fixture: the ones hit
+    not run and counted, the others judged)."""
+    gap = gaps.Gap(id="g", backend="interpreter", reason="r", link="l", ops=("moe_mxfp4",), dtypes=("bfloat16",),
+                   cases=lambda case: case.shape[0] > 4)
+    hit, missed = (Case.make("moe_mxfp4", "bfloat16", (T, 32, 32, 8)) for T in (5, 3))
+    assert gap.applies("interpreter", "moe_mxfp4", "bfloat16", "auto", {}, case=hit)
+    assert not gap.applies("interpreter", "moe_mxfp4", "bfloat16", "auto", {}, case=missed)
+    assert gap.applies("interpreter", "moe_mxfp4", "bfloat16", "auto", {})              # a test without a case
+    assert not gap.applies("interpreter", "moe_mxfp4", "bfloat16", "auto", {}, drawn=True)     # a random test
+
+
 def test_case_json_round_trip():
     case = Case.make("rope", "bfloat16", (2, 3, 4, 64), layout="sliced", values="large", seed=7, style="gptj",
                      rotary_dim=32, theta=1e6)
