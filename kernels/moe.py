@@ -1176,6 +1176,14 @@ def _as_words(q):
     return q.view(torch.int32)
 
 
+def _mxfp4_gemv_words(x_dtype, w13_q, w2_q, T, K, E, block_m):
+    """(w13 codes, w2 codes) as int32 words where the call takes the decode route, else None."""
+    if not _mxfp4_gemv_route(x_dtype, T, K, E, block_m):
+        return None
+    q13, q2 = _as_words(w13_q), _as_words(w2_q)
+    return None if q13 is None or q2 is None else (q13, q2)
+
+
 def _mxfp4_gemv_layer(x, q13, w13_scales, q2, w2_scales, sorted_ids, block_expert, K, I):
     """The decode route's two launches (codes as int32 words); the fp32 [entries, H] buffer."""
     T, H = x.shape
@@ -1340,8 +1348,8 @@ def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2
         buf = _mxfp4_dequantized(x, I, w13_q, w13_scales, w2_q, w2_scales, sorted_ids, block_expert, num, inv, bm)
         _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
         return out
-    words = (_as_words(w13_q), _as_words(w2_q)) if _mxfp4_gemv_route(x.dtype, T, K, E, block_m) else (None,)
-    if None not in words:
+    words = _mxfp4_gemv_words(x.dtype, w13_q, w2_q, T, K, E, block_m)
+    if words is not None:
         sorted_ids, block_expert, _, inv = moe_permute(topk_ids, E, 1)
         buf = _mxfp4_gemv_layer(x, words[0], w13_scales, words[1], w2_scales, sorted_ids, block_expert, K, I)
         _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
