@@ -16,8 +16,9 @@ bf16 on one GPU, both sides holding the same weights:
 
 Ours runs as generate() does on a GPU: the prefill replays a CUDA graph of its padded length
 (models/prefill_graph.py; captured by the untimed first run, as it would be by a server's first
-prompt of that length) and decode steps after the first replay a captured step
-(models/decode_graph.py). The same kernels without graphs are reported too ("ours, eager"):
+prompt of that length) and decode steps replay a captured step (models/decode_graph.py; the
+untimed first call captures it after one eager step, and generate() keeps it on the model for
+the timed calls, which replay it from their first step, as a serving loop would). The same kernels without graphs are reported too ("ours, eager"):
 that column is what the host's launch cost leaves of them.
 
 transformers runs attn_implementation="sdpa" in bf16. Every number is the median of REPEATS timed
@@ -180,7 +181,8 @@ def main():
              f"weights, bf16. transformers {info['transformers']} (sdpa, its DynamicCache), torch {info['torch']}, "
              f"triton {info['triton']}. Medians of {REPEATS} runs; decode: prompts of 128, {steps} greedy steps. "
              "ours: CUDA graphs as generate() uses them (prefill: one graph per padded length, captured by the "
-             "untimed first run; decode: the step after the first replayed); ours, eager: the same kernels "
+             "untimed first run; decode: the step's graph, captured by the untimed first generate() call and kept on "
+             "the model, replayed from the first step); ours, eager: the same kernels "
              "launched one by one.", "",
              "| metric | ours | ours, eager | transformers | ours faster by |", "|---|---|---|---|---|"]
     for r in rows:

@@ -28,8 +28,8 @@ class DecodeGraph:
     def __init__(self, model, cache: _Cache):
         if torch.device(model.device).type != "cuda":
             raise ValueError(f"model: CUDA graphs need a CUDA device, the model is on {model.device}")
-        self.model = model
-        self.cache = cache
+        self.cache = cache          # (not the model: model.decode_graphs keeps this graph, and a cycle
+                                    # would leave a dropped model to the cyclic collector, models/capture.py)
         self.tokens = torch.zeros(cache.batch, dtype=torch.int64, device=model.device)
         self.graph = torch.cuda.CUDAGraph()
         # Capture records the kernels without running them, so the cache is left untouched; every

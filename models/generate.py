@@ -78,6 +78,9 @@ def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | 
     return torch.multinomial(probs, 1, generator=generator).view(-1)
 
 
+KEPT_DECODE_GRAPHS = 2      # (cache, graph) pairs generate() keeps on a model, the most recent shapes
+
+
 @dataclass
 class Generation:
     tokens: list                                     # per prompt: the new tokens (up to and including EOS)
@@ -105,7 +108,10 @@ def generate(model, prompts: list, max_new_tokens: int, sampling: Sampling = Sam
     of its padded shape (models/prefill_graph.py, kept on the model); the first decode step runs
     eagerly (it compiles the kernels), the rest replay it from a CUDA graph
     (models/decode_graph.py). Graphs remove the host's launch cost; a replayed decode step is
-    the eager one, kernel for kernel."""
+    the eager one, kernel for kernel. The decode graph and its cache stay on the model
+    (model.decode_graphs, the last KEPT_DECODE_GRAPHS shapes): a later call of the same batch,
+    capacity and cache kind replays it from its first step, with neither the eager step nor the
+    capture (model.decode_graphs.clear() frees them)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
     prompts = [list(map(int, p)) for p in prompts]
@@ -123,7 +129,12 @@ def generate(model, prompts: list, max_new_tokens: int, sampling: Sampling = Sam
     eos = set(eos_token_ids)
     sync_each_step = bool(eos) or on_token is not None
     capacity = max(len(p) for p in prompts) + max_new_tokens
-    kv = make_cache(cache, model.config, B, capacity, model.dtype, model.device, block_size=block_size)
+    key = (cache, B, capacity, block_size if cache == "paged" else None)
+    if cuda_graph and key in model.decode_graphs:
+        kv, graph = model.decode_graphs[key]        # captured by an earlier call: replayed from the first step
+        kv.reset()
+    else:
+        kv = make_cache(cache, model.config, B, capacity, model.dtype, model.device, block_size=block_size)
 
     start = time.perf_counter()
     logits = model.prefill(prompts, kv, cuda_graph=cuda_graph)
@@ -152,6 +163,9 @@ def generate(model, prompts: list, max_new_tokens: int, sampling: Sampling = Sam
         if step + 1 < max_new_tokens:
             if cuda_graph and graph is None and step >= 1:
                 graph = DecodeGraph(model, kv)
+                while len(model.decode_graphs) >= KEPT_DECODE_GRAPHS:      # the oldest goes first
+                    model.decode_graphs.pop(next(iter(model.decode_graphs)))
+                model.decode_graphs[key] = (kv, graph)
             logits = graph(tokens) if graph is not None else model.decode(tokens, kv)
     if picked:
         for b, row in enumerate(torch.stack(picked, dim=1).tolist()):

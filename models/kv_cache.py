@@ -47,6 +47,12 @@ class _Cache:
         """Host side of a decode step whose kernels already advanced `seqlens` on the device."""
         self.lengths = [n + 1 for n in self.lengths]
 
+    def reset(self) -> None:
+        """Empty every sequence, keeping the tensors (a captured decode step reads these very
+        tensors: generate() reuses a cache and its graph across calls). What the old sequences
+        left in the pages is never read: attention stops at each sequence's length."""
+        self.set_lengths([0] * self.batch)
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor):
         """Store k, v [N, Hkv, D] at (rows[i], positions[i]); rows and positions are int64 [N]."""
         raise NotImplementedError
@@ -126,6 +132,12 @@ class PagedKVCache(_Cache):
         if changed:
             table = [row + [0] * (self.max_blocks - len(row)) for row in self.pages]
             self.block_table.copy_(torch.tensor(table, dtype=torch.int32))
+
+    def reset(self):
+        super().reset()
+        self.free = list(range(self.num_blocks))
+        self.pages = [[] for _ in range(self.batch)]
+        self.block_table.zero_()
 
     def _page_slot(self, rows, positions):
         return self.block_table[rows, positions // self.block_size].long(), positions % self.block_size

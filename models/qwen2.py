@@ -55,6 +55,7 @@ class Qwen2Decoder:
         self.dtype = embed.dtype
         self.device = embed.device
         self.prefill_graphs = {}        # (batch, padded length) -> PrefillGraph (models/prefill_graph.py)
+        self.decode_graphs = {}         # generate()'s (cache kind, batch, capacity, block size) -> (cache, DecodeGraph)
 
     @classmethod
     def from_tensors(cls, config: Qwen2Config, tensors: dict, dtype: torch.dtype, device) -> "Qwen2Decoder":

@@ -214,6 +214,12 @@ def test_cuda_graph_decode_is_the_eager_decode_bit_for_bit(op, dtype, config, ca
 
     want = generate(model, prompts, 6, cuda_graph=False, **kw).tokens
     assert generate(model, prompts, 6, cuda_graph=True, **kw).tokens == want
+    # A second call of the same shapes replays the kept graph from its first step, over the
+    # kept cache emptied (a stale length or page of the first call would show in the tokens).
+    kept = [(k, kv, g) for k, (kv, g) in model.decode_graphs.items()]
+    assert len(kept) == 1
+    assert generate(model, prompts, 6, cuda_graph=True, **kw).tokens == want
+    assert [(k, kv, g) for k, (kv, g) in model.decode_graphs.items()] == kept, "the kept graph was not reused"
 
 
 def _check_graph_prefill(dtype, cache, backend, budgets):
@@ -256,8 +262,11 @@ def test_cuda_graph_capture_after_dead_graphs(op, dtype, config, backend):
     kv = make_cache("contiguous", model.config, 2, 8, model.dtype, model.device)
     model.prefill(inp["prompts"], kv, cuda_graph=True)
     prefill_graph = weakref.ref(model.prefill_graphs[(2, 16)])
+    generate(model, inp["prompts"], 3, cuda_graph=True)
+    (decode_graph,) = [weakref.ref(g) for _, g in model.decode_graphs.values()]
     del model, kv
     assert prefill_graph() is None, "the dropped model's prefill graph outlived it (a reference cycle)"
+    assert decode_graph() is None, "the dropped model's decode graph outlived it (a reference cycle)"
 
     class Holder:                       # a captured graph in a reference cycle, then dropped
         pass
@@ -508,6 +517,28 @@ def test_bad_calls_fail_before_any_kernel(op, dtype, backend):
         model.decode(torch.zeros(3, dtype=torch.int64, device=model.device), paged)
     with pytest.raises(ValueError, match="cache"):
         make_cache("ring", model.config, 1, 4, model.dtype, model.device)
+
+
+@pytest.mark.parametrize("op,dtype", CHEAP)
+def test_a_reset_cache_is_a_new_one(op, dtype, backend):
+    """generate() reuses a kept cache (and the decode graph captured over it) after reset():
+    lengths, pages and block table as a new cache's, the tensors themselves kept."""
+    model = _inputs(_case(dtype, seed=14, lens="3"), backend)["model"]
+    for kind in ("contiguous", "paged"):
+        cache = make_cache(kind, model.config, 2, 8, model.dtype, model.device, block_size=2)
+        fresh = make_cache(kind, model.config, 2, 8, model.dtype, model.device, block_size=2)
+        tensors = (cache.k, cache.v, cache.seqlens)
+        cache.reserve([5, 3])
+        cache.set_lengths([5, 3])
+        cache.reset()
+        assert (cache.lengths, cache.seqlens.tolist()) == ([0, 0], [0, 0])
+        assert all(a is b for a, b in zip(tensors, (cache.k, cache.v, cache.seqlens)))
+        if kind == "paged":
+            assert (cache.free, cache.pages) == (fresh.free, fresh.pages)
+            assert torch.equal(cache.block_table, fresh.block_table)
+            cache.reserve([8, 8])                   # every page is free again
+            fresh.reserve([8, 8])
+            assert torch.equal(cache.block_table, fresh.block_table)
 
 
 # ---------------------------------------------------------------------------------------------
