@@ -9,6 +9,8 @@ or xfail anything on their own.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 
@@ -76,9 +78,21 @@ GAPS = (
     Gap(id="interp-bf16-dot", backend="interpreter",
         reason="the interpreter multiplies the raw bits of bf16 operands in tl.dot and returns garbage",
         link="https://github.com/triton-lang/triton/issues/11584",
-        ops=("flash_attention", "flash_attention_backward", "decode_attention", "mla_decode", "matmul", "swiglu",
-             "decoder", "moe"),
+        ops=("flash_attention", "flash_attention_backward", "decode_attention", "mla_decode", "decoder", "moe"),
         dtypes=("bfloat16",)),
+    # matmul and swiglu of one row with no tiles asked for (a decode step) take the matrix-vector
+    # kernel, no tl.dot: those bf16 cases run and are judged. Tiles asked for (the "small"
+    # config) always reach tl.dot.
+    Gap(id="interp-bf16-dot-gemm-tiles", backend="interpreter",
+        reason="the interpreter multiplies the raw bits of bf16 operands in tl.dot and returns garbage "
+               "(matmul and swiglu with tiles asked for)",
+        link="https://github.com/triton-lang/triton/issues/11584",
+        ops=("matmul", "swiglu"), dtypes=("bfloat16",), configs=("small",)),
+    Gap(id="interp-bf16-dot-gemm", backend="interpreter",
+        reason="the interpreter multiplies the raw bits of bf16 operands in tl.dot and returns garbage "
+               "(matmul and swiglu of more than one row; one row takes the matrix-vector kernel)",
+        link="https://github.com/triton-lang/triton/issues/11584",
+        ops=("matmul", "swiglu"), dtypes=("bfloat16",), configs=("auto",), cases=lambda case: _gemm_uses_tl_dot(case)),
     # moe_mxfp4's decode route (at most one entry an expert) multiplies on the CUDA cores, no
     # tl.dot: its bf16 cases run and are judged.
     Gap(id="interp-bf16-dot-mxfp4-gemms", backend="interpreter",
@@ -120,7 +134,8 @@ GAPS = (
                "exponent arithmetic and returns wrong values (1.0e-39 reads as 4.4e-39); exact on the GPU",
         link="triton/runtime/interpreter.py, _convert_float (Triton 3.9)",
         ops=("rmsnorm", "add_rmsnorm", "rmsnorm_rope", "rope", "quantize_fp8", "moe_route", "rmsnorm_backward",
-             "layernorm_backward", "add_rmsnorm_backward", "rope_backward", "rmsnorm_rope_backward", "swiglu_backward"),
+             "layernorm_backward", "add_rmsnorm_backward", "rope_backward", "rmsnorm_rope_backward", "swiglu_backward",
+             "matmul", "swiglu"),
         dtypes=("bfloat16",),
         values=("tiny",)),
     # tl.dot on fp8 operands: the interpreter widens them to fp16 with generic bit arithmetic
@@ -169,6 +184,13 @@ GAPS = (
                "interpreter's tl.dot runs on; on the GPU tl.dot does not depend on the host CPU",
         link="tests/test_cpu_independence.py", configs=("cpu_blas",)),
 )
+
+
+def _gemm_uses_tl_dot(case) -> bool:
+    """Whether a matmul / swiglu case reaches tl.dot: all but one row with no tiles asked for
+    (kernels/gemm.py gemv_route)."""
+    from kernels.gemm import gemv_route
+    return not gemv_route(math.prod(case.shape[:-2]), case.torch_dtype, case.config != "auto")
 
 
 def _moe_mxfp4_uses_tl_dot(case) -> bool:

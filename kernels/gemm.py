@@ -10,8 +10,10 @@ tiles running at the same time share their weight columns in L2.
 
 Two paths, one result: fp16/bf16 operands that are row-major with 16-byte aligned rows (the
 usual case) go to a persistent kernel fed by TMA descriptors; anything else (fp32, transposed or
-sliced weights, odd K) to the pointer kernel, which takes any strides; so do 16-bit matmuls of at
-most 16 rows (decode), with narrow tiles that spread the weight over many programs. SwiGLU's TMA
+sliced weights, odd K) to the pointer kernel, which takes any strides; so do 16-bit matmuls of 2 to
+16 rows (decode), with narrow tiles that spread the weight over many programs. One 16-bit row (a
+decode step at batch 1) takes a matrix-vector kernel on the CUDA cores instead (_gemv_kernel, matmul
+and SwiGLU alike): fp32 products summed elementwise, no tl.dot. SwiGLU's TMA
 path reads both weights through one 3-D descriptor [2, N, K] whose first stride is the distance
 between them, so one accumulator covers both: the halves of one [2N, K] tensor (a merged gate_up
 projection, either order) anywhere, and two separate weights on a CUDA device (the descriptor
@@ -98,6 +100,57 @@ def _gemm_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, M, N, K,
 _gemm_kernel = by_alignment(
     _gemm_kernel, a="a_ptr sam sak K", w="w_ptr swn swk K", w2="w2_ptr sw2n sw2k K", b="b_ptr sb", b2="b2_ptr sb2",
     y="y_ptr sym N")
+
+
+@triton.jit
+def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, N, K, sak, swn, swk, sw2n, sw2k, sb, sb2,
+                 ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS2: tl.constexpr, GATED: tl.constexpr,
+                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """y[cols] = act(a w^T + b) (GATED: times a w2^T + b2) for one row a [K]: the matrix-vector
+    product of a decode step on the CUDA cores. BLOCK_N weight rows a program, BLOCK_K columns a
+    step, each product exact in fp32 and summed elementwise into a [BLOCK_N, BLOCK_K] fp32
+    accumulator, one row sum at the end; no tl.dot and no shared memory, the loop's loads
+    pipelined STAGES deep."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = (cols % N).to(tl.int64)        # rows past N wrap onto valid ones (never stored)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_k * sak
+    w_ptrs = w_ptr + rn[:, None] * swn + offs_k[None, :] * swk
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if GATED:
+        w2_ptrs = w2_ptr + rn[:, None] * sw2n + offs_k[None, :] * sw2k
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
+        if EVEN_K:
+            a = tl.load(a_ptrs).to(tl.float32)
+            acc += tl.load(w_ptrs).to(tl.float32) * a[None, :]
+        else:
+            k_ok = offs_k < K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=k_ok, other=0.0).to(tl.float32)     # zeros past K add nothing
+            acc += tl.load(w_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32) * a[None, :]
+        if GATED:
+            if EVEN_K:
+                acc2 += tl.load(w2_ptrs).to(tl.float32) * a[None, :]
+            else:
+                acc2 += tl.load(w2_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32) * a[None, :]
+            w2_ptrs += BLOCK_K * sw2k
+        a_ptrs += BLOCK_K * sak
+        w_ptrs += BLOCK_K * swk
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn * sb).to(tl.float32)
+    y = activate(y, ACT)
+    if GATED:
+        y2 = tl.sum(acc2, axis=1)
+        if HAS_BIAS2:
+            y2 += tl.load(b2_ptr + rn * sb2).to(tl.float32)
+        y = y * y2
+    tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=cols < N)
+
+
+_gemv_kernel = by_alignment(
+    _gemv_kernel, a="a_ptr sak K", w="w_ptr swn swk K", w2="w2_ptr sw2n sw2k K", b="b_ptr sb", b2="b2_ptr sb2",
+    y="y_ptr N")
 
 
 @triton.jit
@@ -345,12 +398,49 @@ def _small_m_config(N, K):
     return dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=3)
 
 
+def gemv_route(M: int, dtype, tiles_asked: bool) -> bool:
+    """Whether a matmul / swiglu of M rows takes _gemv_kernel: one row of a 16-bit dtype, no
+    tiles asked for (a decode step at batch 1)."""
+    return M == 1 and dtype in (torch.float16, torch.bfloat16) and not tiles_asked
+
+
+def _gemv_config(K, gated):
+    """_gemv_kernel's tiles, from GPU times inside CUDA graphs on an H200 with each call on another
+    copy of the weight (bench/explore_gemv.py; Qwen2-1.5B's decode projections, against the
+    pointer GEMM / cuBLAS): 4 rows a program, 4 warps, 3 stages; 512 columns a step (qkv 4.6 us
+    against 6.4 / 5.7, o 4.2 against 6.1 / 6.9), 1024 from K 4096 (down, K 8960: 9.6 against
+    16.6 / 11.6), 256 for SwiGLU's two weights (16.3 against 19.8 / 21.0)."""
+    bk = 256 if gated else (1024 if K >= 4096 else 512)
+    return dict(BLOCK_N=4, BLOCK_K=min(bk, max(16, next_power_of_2(K))), STAGES=3, num_warps=4)
+
+
+def _launch_gemv(x2, weights, biases, out2, activation, gated):
+    K = x2.shape[1]
+    N = weights[0].shape[0]
+    cfg = _gemv_config(K, gated)
+    weights = [_fit_strides(w, cfg["BLOCK_K"]) for w in weights]
+    w, w2 = weights[0], weights[-1]
+    b, b2 = biases
+    a = x2 if cfg["BLOCK_K"] * abs(x2.stride(1)) < 2**31 else x2.contiguous()
+    _gemv_kernel[(cdiv(N, cfg["BLOCK_N"]),)](
+        a, w, w2, b if b is not None else w, b2 if b2 is not None else w, out2, N, K, a.stride(1),
+        w.stride(0), w.stride(1), w2.stride(0), w2.stride(1),
+        b.stride(0) if b is not None else 0, b2.stride(0) if b2 is not None else 0,
+        ACT=activation, HAS_BIAS=b is not None, HAS_BIAS2=b2 is not None, GATED=gated,
+        EVEN_K=K % cfg["BLOCK_K"] == 0, **cfg)
+
+
 def _run(x2, weights, biases, out2, activation, gated, block_m, block_n, block_k, group_m):
     """The TMA path where the operands allow it, else pointer loads (any strides, fp32). A
-    16-bit matmul of at most 16 rows with no tiles asked for takes the pointer kernel with
-    narrow tiles (_small_m_config)."""
+    16-bit matmul of one row (a decode step at batch 1) with no tiles asked for takes the
+    matrix-vector kernel (_gemv_kernel), one of at most 16 rows the pointer kernel with narrow
+    tiles (_small_m_config)."""
     M, K = x2.shape
     N = weights[0].shape[0]
+    tiles_asked = not (block_m is None and block_n is None and block_k is None)
+    if gemv_route(M, x2.dtype, tiles_asked):
+        _launch_gemv(x2, weights, biases, out2, activation, gated)
+        return
     if (not gated and M <= 16 and x2.element_size() == 2 and block_m is None and block_n is None
             and block_k is None):
         _launch(x2, weights, biases, out2, activation, _small_m_config(N, K), gated)

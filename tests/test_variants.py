@@ -130,6 +130,10 @@ def _production_calls(dev, dtype=torch.float32):
     wg, wu = r(48, D), r(48, D)
     kernels.matmul(x, wg, r(48))
     kernels.swiglu(x, wg, wu)
+    # one row of a 16-bit dtype (a decode step): the matrix-vector kernel
+    h = float_dtype if float_dtype != torch.float32 else torch.float16
+    kernels.matmul(x[:1].to(h), wg.to(h), r(48, dtype=h))
+    kernels.swiglu(x[:1].to(h), wg.to(h), wu.to(h))
     kernels.swiglu_backward(r(rows, 48), x, wg, wu, r(48), r(48))
     yield "fp8"
     kernels.quantize_fp8(x)                                  # per tensor: the amax pass first
