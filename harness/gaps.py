@@ -92,7 +92,7 @@ GAPS = (
         reason="the interpreter multiplies the raw bits of bf16 operands in tl.dot and returns garbage "
                "(matmul and swiglu of more than one row; one row takes the matrix-vector kernel)",
         link="https://github.com/triton-lang/triton/issues/11584",
-        ops=("matmul", "swiglu"), dtypes=("bfloat16",), configs=("auto",), cases=lambda case: _gemm_uses_tl_dot(case)),
+        ops=("matmul", "swiglu"), dtypes=("bfloat16",), cases=lambda case: _gemm_uses_tl_dot(case)),
     # moe_mxfp4's decode route (at most one entry an expert) multiplies on the CUDA cores, no
     # tl.dot: its bf16 cases run and are judged.
     Gap(id="interp-bf16-dot-mxfp4-gemms", backend="interpreter",
