@@ -243,28 +243,33 @@ def test_adamw_updates_elements_past_2_31(op, dtype, config, backend):
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("op,dtype,config,layout", [pytest.param("matmul", "float32", "huge", lay, id=lay,
+@pytest.mark.parametrize("op,dtype,config,layout", [pytest.param("matmul", dt, "huge", lay, id=lay,
                                                                  marks=pytest.mark.op("matmul"))
-                                                    for lay in ("output_rows", "input_rows", "weight_rows")])
+                                                    for dt, lay in (("float32", "output_rows"), ("float32", "input_rows"),
+                                                                    ("float32", "weight_rows"),
+                                                                    ("float16", "one_row_weight_rows"))])
 def test_matmul_reads_and_writes_past_2_31_elements(op, dtype, config, layout, backend, budgets):
     """The pointer kernel (fp32 always takes it) forms its row offsets in int64 (gemm_tile and the
     store). output_rows: y has 2^31 + 3072 elements, its last three rows (and a's) are judged;
     input_rows: a has 2^31 + 3072 elements (y only 2^25); weight_rows: w has 2^31 + 1024
-    elements, the columns of y that its last rows make are judged."""
+    elements, the columns of y that its last rows make are judged. one_row_weight_rows: the same
+    weight in fp16 against one row, which takes the matrix-vector kernel (_gemv_kernel's rows
+    in int64: the mutation run's survivors of its cast)."""
     assert backend.name == "gpu", "2^14 tiles in the interpreter: hours (declared gap interp-huge-rows)"
     M, N, K = {"output_rows": (2**31 // 1024 + 3, 1024, 16), "input_rows": (2**31 // 1024 + 3, 16, 1024),
-               "weight_rows": (3, 2**31 // 16 + 64, 16)}[layout]
+               "weight_rows": (3, 2**31 // 16 + 64, 16), "one_row_weight_rows": (1, 2**31 // 16 + 64, 16)}[layout]
     dev = backend.device
     g = torch.Generator().manual_seed(6)
-    a = torch.zeros(M, K, dtype=torch.float32, device=dev)
-    w = torch.zeros(N, K, dtype=torch.float32, device=dev)
-    rows, cols = (slice(None), slice(-64, None)) if layout == "weight_rows" else (slice(-3, None), slice(None))
-    a[rows] = torch.randn(a[rows].shape, generator=g).to(dev)
-    w[cols] = torch.randn(w[cols].shape, generator=g).to(dev)
-    bias = torch.randn(N, generator=g).to(dev)
+    dt = getattr(torch, dtype)
+    a = torch.zeros(M, K, dtype=dt, device=dev)
+    w = torch.zeros(N, K, dtype=dt, device=dev)
+    rows, cols = (slice(None), slice(-64, None)) if "weight_rows" in layout else (slice(-3, None), slice(None))
+    a[rows] = torch.randn(a[rows].shape, generator=g).to(dt).to(dev)
+    w[cols] = torch.randn(w[cols].shape, generator=g).to(dt).to(dev)
+    bias = torch.randn(N, generator=g).to(dt).to(dev)
     y = kernels.matmul(a, w, bias)
     tail = {"a": a[rows].clone(), "w": w[cols].clone(), "bias": bias[cols].clone(), "activation": "none"}
-    _judge_tail("matmul", (y[rows, cols],), tail, budgets.get("matmul", "float32", backend.name),
+    _judge_tail("matmul", (y[rows, cols],), tail, budgets.get("matmul", dtype, backend.name),
                 f"{layout}: y[{rows.start or 0}:, {cols.start or 0}:] of {M} x {N}")
     del a, w, y
     torch.cuda.empty_cache()
