@@ -5,85 +5,42 @@
 The decode step's projections at batch 1 read their weight once for one row: the pointer GEMM
 (tl.dot on a 16-row tile, 32 x 512 tiles, 3 stages) takes Qwen2-1.5B's down projection in
 15.4 us where cuBLAS takes 9.8 and the weight-read floor is 6.9 (bench/NOTES.md, session 14);
-split-K made it slower. Here a plain GEMV: BLOCK_N weight rows x BLOCK_K columns a step, fp32
-products accumulated elementwise, one row sum at the end, no tl.dot and no shared memory; the
-loop's loads pipelined by tl.range(num_stages=). GPU us per call inside CUDA graphs, each call on
-another copy of the weight (200 MB of copies: beyond the L2, as a decode step's layers are), bf16,
-against cuBLAS and kernels.matmul / swiglu as shipped.
+split-K made it slower. A plain GEMV, kernels/gemm.py's _gemv_kernel (first written here): BLOCK_N
+weight rows x BLOCK_K columns a step, fp32 products accumulated elementwise, one row sum at the
+end, no tl.dot, the loop's loads pipelined by tl.range(num_stages=). This sweeps its tiles: GPU
+us per call inside CUDA graphs, each call on another copy of the weight (200 MB of copies: beyond
+the L2, as a decode step's layers are), bf16, against cuBLAS and kernels.matmul / swiglu as
+shipped.
 """
 from __future__ import annotations
 
 import itertools
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
-
-CALLS = 20
+from kernels import gemm  # noqa: E402
+from bench.explore_decode_gemv import graph_us as graph_us_of  # noqa: E402
 
 
 def graph_us(make_fn, weights) -> float:
-    """GPU microseconds of one call, CALLS calls captured in a graph, each on the next of
-    `weights` (copies of one weight: together beyond the 50 MB L2, as a decode step's layers
-    are), median of 7 replays; make_fn(w) -> the call on weight w."""
-    fns = [make_fn(w) for w in weights]
-    fns[0]()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(CALLS):
-            fns[i % len(fns)]()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        start = time.perf_counter()
-        g.replay()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / CALLS * 1e6)
-    return statistics.median(times)
-
-
-@triton.jit
-def _gemv(x_ptr, w_ptr, b_ptr, y_ptr, N, K, swn, HALF, GATED: tl.constexpr, HAS_BIAS: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rw = (rn % N).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + rw[:, None] * swn + offs_k[None, :]
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    if GATED:
-        w2_ptrs = w_ptrs + HALF * swn
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        k_ok = offs_k < K - k
-        x = tl.load(x_ptr + k + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        acc += tl.load(w_ptrs + k, mask=k_ok[None, :], other=0.0).to(tl.float32) * x[None, :]
-        if GATED:
-            acc2 += tl.load(w2_ptrs + k, mask=k_ok[None, :], other=0.0).to(tl.float32) * x[None, :]
-    y = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rw).to(tl.float32)
-    if GATED:
-        y = y / (1.0 + tl.exp(-y)) * tl.sum(acc2, axis=1)
-    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+    """GPU microseconds of one call (explore_decode_gemv.graph_us: calls captured in a graph),
+    each captured call on the next of `weights` (copies of one weight: together beyond the 50 MB
+    L2, as a decode step's layers are); make_fn(w) -> the call on weight w."""
+    calls = itertools.cycle([make_fn(w) for w in weights])
+    return graph_us_of(lambda: next(calls)())
 
 
 def gemv(x, w, b, out, gated, bn, bk, warps, stages):
-    N = w.shape[0] // 2 if gated else w.shape[0]
-    K = w.shape[1]
-    _gemv[(triton.cdiv(N, bn),)](x, w, b if b is not None else w, out, N, K, w.stride(0), N, GATED=gated,
-                                  HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, num_warps=warps)
+    """kernels/gemm.py's _gemv_kernel with these tiles (w: the [2N, K] gate and up rows when gated)."""
+    weights = [w[:w.shape[0] // 2], w[w.shape[0] // 2:]] if gated else [w]
+    gemm._launch_gemv(x, weights, (b, None), out, "silu" if gated else "none", gated,
+                      dict(BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, num_warps=warps))
 
 
 def main():

@@ -414,10 +414,12 @@ def _gemv_config(K, gated):
     return dict(BLOCK_N=4, BLOCK_K=min(bk, max(16, next_power_of_2(K))), STAGES=3, num_warps=4)
 
 
-def _launch_gemv(x2, weights, biases, out2, activation, gated):
+def _launch_gemv(x2, weights, biases, out2, activation, gated, cfg=None):
+    """_gemv_kernel on row x2 [1, K]; cfg: its tiles (default _gemv_config; bench/explore_gemv.py
+    sweeps them)."""
     K = x2.shape[1]
     N = weights[0].shape[0]
-    cfg = _gemv_config(K, gated)
+    cfg = cfg or _gemv_config(K, gated)
     weights = [_fit_strides(w, cfg["BLOCK_K"]) for w in weights]
     w, w2 = weights[0], weights[-1]
     b, b2 = biases
