@@ -109,8 +109,8 @@ def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, N, K, sak, swn, swk
     """y[cols] = act(a w^T + b) (GATED: times a w2^T + b2) for one row a [K]: the matrix-vector
     product of a decode step on the CUDA cores. BLOCK_N weight rows a program, BLOCK_K columns a
     step, each product exact in fp32 and summed elementwise into a [BLOCK_N, BLOCK_K] fp32
-    accumulator, one row sum at the end; no tl.dot and no shared memory, the loop's loads
-    pipelined STAGES deep."""
+    accumulator, one row sum at the end; no tl.dot, the loop's loads pipelined STAGES deep
+    (asynchronous copies through shared memory on the GPU)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = (cols % N).to(tl.int64)        # rows past N wrap onto valid ones (never stored)
     offs_k = tl.arange(0, BLOCK_K)
