@@ -38,7 +38,8 @@ def selection(backend, ops) -> list:
     they have no verdict to compare, and running them would double the time)."""
     whole = []
     for g in gaps.GAPS:
-        if g.active(backend.name, backend.versions) and not g.params and g.configs == ("*",) and g.values == ("*",):
+        if (g.active(backend.name, backend.versions) and not g.params and g.configs == ("*",) and g.values == ("*",)
+                and g.cases is None):
             whole += [f"[{op}-{d}-" if d != "*" else f"[{op}-" for op in ops if op in g.ops or "*" in g.ops
                       for d in g.dtypes]
     keyword = "test_pinned" + (" and not (" + " or ".join(sorted(whole)) + ")" if whole else "")
