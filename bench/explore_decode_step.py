@@ -1,11 +1,12 @@
 """Exploration: where a replayed decode step of the kernel-built Qwen2 spends its GPU time (issue 21).
 
-    python bench/explore_decode_step.py [--batch 1] [--steps 20]
+    python bench/explore_decode_step.py [--batch 1] [--steps 20] [--generate]
 
 Qwen2-1.5B shape, random weights (no transformers needed), bf16. Captures the decode step in a
 CUDA graph (models/decode_graph.py) after one eager step, replays it under torch.profiler and
 prints, per kernel name: calls a step, GPU us a step, us a call; then the step's wall time
 (CUDA events), the kernels' sum and the gaps between them (launch latency inside the graph).
+--generate: the same for generate()'s loop (bench_decoder's measure), per token.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--generate", action="store_true", help="also profile generate()'s loop around the replays")
     args = ap.parse_args()
     from models.decode_graph import DecodeGraph
     from models.kv_cache import make_cache
@@ -73,19 +75,32 @@ def main():
     end.record()
     torch.cuda.synchronize()
     step_us = start.elapsed_time(end) * 1e3 / args.steps
+    n = args.steps
+    events, busy = _profiled(lambda: [graph(tok) for _ in range(n)])
+    print(f"batch {B}: step {step_us:.1f} us (events) = {1e6 / step_us * B:.0f} tokens/s; kernels {len(events) / n:.0f} a step, "
+          f"busy {busy / n:.1f} us a step, gaps {step_us - busy / n:.1f} us")
+    _table(events, n, "step")
+    if args.generate:
+        # generate() as bench_decoder times it: the graph kept from an untimed first call, then
+        # n + 1 tokens, the prefill's and the loop's own kernels (argmax, the token copy) included.
+        from models.generate import generate
+        ids = prompts.tolist()
+        generate(model, ids, n + 1)
+        got = generate(model, ids, n + 1)
+        events, busy = _profiled(lambda: generate(model, ids, n + 1))
+        print(f"generate(): {got.decode_s / n * 1e6:.1f} us a token (its decode_s, {B * n / got.decode_s:.0f} "
+              f"tokens/s), kernels busy {busy / n:.1f} us a token over the whole call (the prefill included)")
+        _table(events, n, "token")
+
+
+def _profiled(fn):
+    """(the CUDA kernel events of fn(), the GPU's busy microseconds: the union of their spans)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(args.steps):
-            graph(tok)
+        fn()
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_name = collections.defaultdict(lambda: [0, 0.0])
-    spans = []
-    for e in events:
-        by_name[e.name][0] += 1
-        by_name[e.name][1] += e.time_range.elapsed_us()
-        spans.append((e.time_range.start, e.time_range.end))
-    spans.sort()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events)
     busy, cur_s, cur_e = 0.0, None, None
     for s, e in spans:
         if cur_e is None or s > cur_e:
@@ -96,12 +111,17 @@ def main():
             cur_e = max(cur_e, e)
     if cur_e is not None:
         busy += cur_e - cur_s
-    n = args.steps
-    print(f"batch {B}: step {step_us:.1f} us (events) = {1e6 / step_us * B:.0f} tokens/s; kernels {len(events) / n:.0f} a step, "
-          f"busy {busy / n:.1f} us a step, gaps {step_us - busy / n:.1f} us")
-    print(f"{'kernel':60s} {'calls':>6s} {'us/step':>9s} {'us/call':>8s}")
+    return events, busy
+
+
+def _table(events, n, per):
+    by_name = collections.defaultdict(lambda: [0, 0.0])
+    for e in events:
+        by_name[e.name][0] += 1
+        by_name[e.name][1] += e.time_range.elapsed_us()
+    print(f"{'kernel':60s} {'calls':>6s} {'us/' + per:>9s} {'us/call':>8s}")
     for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
-        print(f"{name[:60]:60s} {calls / n:6.0f} {us / n:9.1f} {us / calls:8.2f}")
+        print(f"{name[:60]:60s} {calls / n:6.1f} {us / n:9.1f} {us / calls:8.2f}")
 
 
 if __name__ == "__main__":
