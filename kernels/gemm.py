@@ -423,7 +423,7 @@ def _launch_gemv(x2, weights, biases, out2, activation, gated, cfg=None):
     weights = [_fit_strides(w, cfg["BLOCK_K"]) for w in weights]
     w, w2 = weights[0], weights[-1]
     b, b2 = biases
-    a = x2 if cfg["BLOCK_K"] * abs(x2.stride(1)) < 2**31 else x2.contiguous()
+    a = _fit_strides(x2, cfg["BLOCK_K"])
     _gemv_kernel[(cdiv(N, cfg["BLOCK_N"]),)](
         a, w, w2, b if b is not None else w, b2 if b2 is not None else w, out2, N, K, a.stride(1),
         w.stride(0), w.stride(1), w2.stride(0), w2.stride(1),
@@ -443,8 +443,7 @@ def _run(x2, weights, biases, out2, activation, gated, block_m, block_n, block_k
     if gemv_route(M, x2.dtype, tiles_asked):
         _launch_gemv(x2, weights, biases, out2, activation, gated)
         return
-    if (not gated and M <= 16 and x2.element_size() == 2 and block_m is None and block_n is None
-            and block_k is None):
+    if not gated and M <= 16 and x2.element_size() == 2 and not tiles_asked:
         _launch(x2, weights, biases, out2, activation, _small_m_config(N, K), gated)
         return
     # SwiGLU's TMA path holds one accumulator over both weights (_weight_pair); two descriptors
