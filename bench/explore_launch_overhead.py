@@ -59,7 +59,7 @@ def main():
     def raw_rmsnorm():
         norms._rmsnorm_kernel[(triton.cdiv(M, block_m),)](x, nw, xn, M, K, 1, 1, 0, 0, K, 1, 1, 1e-6,
                                                           BLOCK_M=block_m, BLOCK_D=block_d, SINGLE_PASS=single,
-                                                          num_warps=warps)
+                                                          PDL=False, num_warps=warps)
 
     def matmul_checks():
         a2 = gemm._rows("a", x)

@@ -60,7 +60,7 @@ def sweep_rope():
             rope_mod._rope_kernel[(B * T, triton.cdiv(H, bh))](
                 x, pos, inv, w, out, T, H, D, D // 2, *x.stride(), *pos.stride(), 1, 1e-6,
                 BLOCK_H=bh, BLOCK_HALF=D // 2, BLOCK_PASS=1, HAS_PASS=False, GPTJ=False, NORM=norm,
-                num_warps=warps)
+                INVERSE=False, PDL=False, num_warps=warps)
         nb = 4 * (q.numel() + k.numel())
         a = gbps(nb, lambda: (launch_one(q, False), launch_one(k, False)))
         n = gbps(nb, lambda: (launch_one(q, True), launch_one(k, True)))

@@ -3,6 +3,18 @@ rounding, Kahan sums, activations and their derivatives, and the grouped tile or
 fp8_matmul)."""
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+@triton.jit
+def wait_for_previous_kernel(PDL: tl.constexpr):
+    """First thing in a kernel that may be launched with programmatic dependent launch
+    (kernels/_launch.py, dependent_launch): let the next kernel in the stream start launching,
+    then wait until the previous one has finished and its writes are visible. Nothing before
+    this reads or writes memory. PDL False (the interpreter, pre-Hopper GPUs): nothing."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 @triton.jit

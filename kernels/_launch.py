@@ -52,6 +52,38 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_DEPENDENT_LAUNCH: dict = {}
+
+
+def dependent_launch(device) -> bool:
+    """Whether the kernels that take a PDL flag launch on `device` with programmatic dependent
+    launch (Hopper and later): such a kernel may start while the one before it in the stream
+    is still finishing, and waits for it (kernels/_device.py, wait_for_previous_kernel) before
+    it touches memory. A decode step replays ~250 small kernels back to back; PDL hides part of
+    each one's launch (bench/NOTES.md, session 15). KERNELCHECK_PDL=0 turns it off, =1 forces it
+    on (scripts/compile_check.py compiles those variants without a GPU)."""
+    found = _DEPENDENT_LAUNCH.get(device)
+    if found is None:
+        forced = os.environ.get("KERNELCHECK_PDL", "")
+        if forced in ("0", "1"):
+            found = forced == "1"
+        else:
+            dev = torch.device(device)
+            found = (dev.type == "cuda" and not interpreting() and torch.version.cuda is not None
+                     and torch.cuda.get_device_capability(dev)[0] >= 9)
+        _DEPENDENT_LAUNCH[device] = found
+    return found
+
+
+_PDL_ON, _PDL_OFF = dict(PDL=True, launch_pdl=True), dict(PDL=False, launch_pdl=False)
+
+
+def pdl_launch(device) -> dict:
+    """The launch keywords of a kernel with a PDL flag: the flag and Triton's launch_pdl, both
+    dependent_launch(device)."""
+    return _PDL_ON if dependent_launch(device) else _PDL_OFF
+
+
 def _fmt_dtype(dtype) -> str:
     return str(dtype).replace("torch.", "")
 

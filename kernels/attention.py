@@ -26,7 +26,8 @@ import triton.language as tl
 
 from kernels._launch import (allocate, bad_pages, cdiv, check_finite, check_same_device, check_same_dtype, check_shape,
                              check_tensor, check_validate, error_word, interpreting, merge_splits, new_out,
-                             next_power_of_2, paged_detail, paged_host_word, paged_problems, report_errors)
+                             next_power_of_2, paged_detail, paged_host_word, paged_problems, pdl_launch, report_errors)
+from kernels._device import wait_for_previous_kernel
 from kernels._variants import by_alignment
 
 _LOG2E = 1.4426950408889634
@@ -166,7 +167,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, e
                    capacity, num_blocks, sq_b, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, st_b, st_p,
                    so_b, so_h, so_s, sl_p, sl_b, sl_h, qk_scale,
                    PAGED: tl.constexpr, FINAL: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_G: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PRECISION: tl.constexpr,
+                   PDL: tl.constexpr):
     """One program: batch row b, KV head kvh, and cache positions [split * chunk, (split+1) * chunk).
 
     FINAL: a single split, so write the normalised output straight into `out`. Otherwise write
@@ -180,6 +182,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, e
     carries to the row); the splits together check every position below the length. The loop
     clamps each index it loads into range all the same (the table cannot change in between,
     unless another stream races it)."""
+    wait_for_previous_kernel(PDL)
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -251,9 +254,10 @@ _decode_kernel = by_alignment(
 @triton.jit
 def _decode_combine_kernel(part_o_ptr, part_ml_ptr, o_ptr, Hq, D, num_splits,
                            sp_b, sp_h, sp_s, sl_p, sl_b, sl_h, so_b, so_h, qk_scale,
-                           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """out = sum_s w_s * o_s / sum_s w_s with w_s = l_s * 2^((m_s - max m) * scale): the exact
     merge of the splits' softmaxes. Splits that saw nothing have m -inf, l 0 and weight 0."""
+    wait_for_previous_kernel(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
@@ -977,7 +981,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     bn, launch["num_stages"] = _fit_shared(block_g, bn, launch["num_stages"], D, q.element_size(),
                                            fixed_bn=block_n is not None)
     common = dict(PAGED=block_table is not None, EVEN_D=D == block_d, BLOCK_G=block_g, BLOCK_N=bn, BLOCK_D=block_d,
-                  BLOCK_P=128, PRECISION=_precision(q.dtype), **launch)
+                  BLOCK_P=128, PRECISION=_precision(q.dtype), **launch, **pdl_launch(q.device))
     if splits == 1:
         _decode_kernel[(B, Hkv, 1)](
             q, k_cache, v_cache, seqlens, table, out, out, word, group, D, chunk, block_size, capacity,
@@ -995,6 +999,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _decode_combine_kernel[(B, Hq)](
         part_o, part_ml, out, Hq, D, splits, part_o.stride(0), part_o.stride(1), part_o.stride(2),
         *part_ml.stride()[:3], out.stride(0), out.stride(1), scale * _LOG2E,
-        BLOCK_S=max(2, next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4)
+        BLOCK_S=max(2, next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4, **pdl_launch(q.device))
     report_errors(word, validate, "decode_attention", problems, detail)
     return out

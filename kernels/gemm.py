@@ -42,9 +42,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._device import activate, gemm_tile, grouped_tile, rounded_for, times_activation_grad, widened
+from kernels._device import activate, gemm_tile, grouped_tile, rounded_for, times_activation_grad, wait_for_previous_kernel, widened
 from kernels._launch import (allocate, cdiv, check_same_device, check_same_dtype, check_tensor, interpreting,
-                             new_out, next_power_of_2, sm_count)
+                             new_out, next_power_of_2, pdl_launch, sm_count)
 from kernels._reduce import partials, sum_row_groups
 from kernels._variants import by_alignment
 
@@ -105,12 +105,14 @@ _gemm_kernel = by_alignment(
 @triton.jit
 def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, N, K, sak, swn, swk, sw2n, sw2k, sb, sb2,
                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS2: tl.constexpr, GATED: tl.constexpr,
-                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                 PDL: tl.constexpr):
     """y[cols] = act(a w^T + b) (GATED: times a w2^T + b2) for one row a [K]: the matrix-vector
     product of a decode step on the CUDA cores. BLOCK_N weight rows a program, BLOCK_K columns a
     step, each product exact in fp32 and summed elementwise into a [BLOCK_N, BLOCK_K] fp32
     accumulator, one row sum at the end; no tl.dot, the loop's loads pipelined STAGES deep
     (asynchronous copies through shared memory on the GPU)."""
+    wait_for_previous_kernel(PDL)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = (cols % N).to(tl.int64)        # rows past N wrap onto valid ones (never stored)
     offs_k = tl.arange(0, BLOCK_K)
@@ -429,7 +431,7 @@ def _launch_gemv(x2, weights, biases, out2, activation, gated, cfg=None):
         w.stride(0), w.stride(1), w2.stride(0), w2.stride(1),
         b.stride(0) if b is not None else 0, b2.stride(0) if b2 is not None else 0,
         ACT=activation, HAS_BIAS=b is not None, HAS_BIAS2=b2 is not None, GATED=gated,
-        EVEN_K=K % cfg["BLOCK_K"] == 0, **cfg)
+        EVEN_K=K % cfg["BLOCK_K"] == 0, **cfg, **pdl_launch(x2.device))
 
 
 def _run(x2, weights, biases, out2, activation, gated, block_m, block_n, block_k, group_m):

@@ -16,16 +16,17 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._device import kahan_add, load_tile, row_offsets
+from kernels._device import kahan_add, load_tile, row_offsets, wait_for_previous_kernel
 from kernels._launch import (allocate, cdiv, check_count, check_finite, check_same_device, check_same_dtype,
-                             check_shape, check_tensor, leading_layout, new_out, row_tile)
+                             check_shape, check_tensor, leading_layout, new_out, pdl_launch, row_tile)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
 from kernels._variants import by_alignment
 
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, n_rows, D, n1, n2, xs0, xs1, xs2, xsd, ws, eps,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE_PASS: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE_PASS: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     x_row = row_offsets(rows, n1, n2, xs0, xs1, xs2)
@@ -112,7 +113,9 @@ _layernorm_kernel = by_alignment(
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, u_ptr, n_rows, D, n1, n2,
                         xs0, xs1, xs2, xsd, rs0, rs1, rs2, rsd, ws, eps,
-                        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE_PASS: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE_PASS: tl.constexpr,
+                        PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     x_row = row_offsets(rows, n1, n2, xs0, xs1, xs2)
@@ -191,7 +194,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, *, out: torch.T
     block_m, block_d, single, num_warps = row_tile(D, block_cols)
     _rmsnorm_kernel[(cdiv(n_rows, block_m),)](
         x, w, out, n_rows, D, n1, n2, xs0, xs1, xs2, x.stride(-1), w.stride(0), eps,
-        BLOCK_M=block_m, BLOCK_D=block_d, SINGLE_PASS=single, num_warps=num_warps)
+        BLOCK_M=block_m, BLOCK_D=block_d, SINGLE_PASS=single, num_warps=num_warps, **pdl_launch(x.device))
     return out
 
 
@@ -236,7 +239,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: f
     _add_rmsnorm_kernel[(cdiv(n_rows, block_m),)](
         x, residual, w, out, out_residual, n_rows, D, n1, n2, xs0, xs1, xs2, x.stride(-1),
         rs0, rs1, rs2, residual.stride(-1), w.stride(0), eps,
-        BLOCK_M=block_m, BLOCK_D=block_d, SINGLE_PASS=single, num_warps=num_warps)
+        BLOCK_M=block_m, BLOCK_D=block_d, SINGLE_PASS=single, num_warps=num_warps, **pdl_launch(x.device))
     return out, out_residual
 
 

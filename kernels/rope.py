@@ -25,9 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._device import kahan_add
+from kernels._device import kahan_add, wait_for_previous_kernel
 from kernels._launch import (cdiv, check_finite, check_same_device, check_same_dtype, check_shape, check_tensor,
-                             new_out, next_power_of_2)
+                             check_validate, error_word, new_out, next_power_of_2, pdl_launch, report_errors)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
 from kernels._variants import by_alignment
 
@@ -75,7 +75,9 @@ def _pair_dims(i, half, GPTJ: tl.constexpr):
 def _rope_kernel(x_ptr, pos_ptr, inv_freq_ptr, w_ptr, y_ptr, T, H, D, half,
                  xs_b, xs_t, xs_h, xs_d, ps_b, ps_t, ws, eps,
                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-                 HAS_PASS: tl.constexpr, GPTJ: tl.constexpr, NORM: tl.constexpr, INVERSE: tl.constexpr):
+                 HAS_PASS: tl.constexpr, GPTJ: tl.constexpr, NORM: tl.constexpr, INVERSE: tl.constexpr,
+                 PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     token = tl.program_id(0).to(tl.int64)
     b = token // T
     t = token % T
@@ -175,7 +177,7 @@ def _launch(x, positions, w, eps, theta, style, rotary_dim, out, norm, inverse=F
         x, positions, _inv_freq(theta, rotary_dim, x.device), w if w is not None else x, out,
         T, H, D, rotary_dim // 2, *x.stride(), *positions.stride(), w.stride(0) if w is not None else 0, eps,
         BLOCK_H=block_h, BLOCK_HALF=block_half, BLOCK_PASS=block_pass, HAS_PASS=n_pass > 0,
-        GPTJ=style == "gptj", NORM=norm, INVERSE=inverse, num_warps=num_warps)
+        GPTJ=style == "gptj", NORM=norm, INVERSE=inverse, num_warps=num_warps, **pdl_launch(x.device))
     return out
 
 
