@@ -225,6 +225,136 @@ def rope_backward(dy: torch.Tensor, positions: torch.Tensor, theta: float = 1000
     return _launch(dy, positions, None, 0.0, theta, style, rotary_dim, out_dx, norm=False, inverse=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# A decode step's RoPE and KV-cache write in one kernel
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _rope_into_cache_kernel(qkv_ptr, pos_ptr, inv_freq_ptr, q_ptr, kc_ptr, vc_ptr, table_ptr, err_ptr,
+                            Hq, Hkv, D, half, capacity, block_size, num_blocks, s_tok,
+                            sk0, sk1, sk2, sv0, sv1, sv2, st_b, st_p,
+                            PAGED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                            PDL: tl.constexpr):
+    """Token n (program_id(0)) of row n: the Hq + 2 Hkv heads of its qkv row, BLOCK_H a program.
+    q heads turn (neox pairs) into q [N, Hq, D]; k heads turn into the cache slot of
+    (row n, position pos[n]); v heads are copied there. The rotation is _rope_kernel's (same
+    angles, same products), so q and k equal rope()'s to the bit. A position outside [0,
+    capacity) or a page index outside [0, num_blocks) writes nothing to the cache and ORs 1 or
+    2 into the error word (never an address)."""
+    wait_for_previous_kernel(PDL)
+    n = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + n).to(tl.int64)
+    slot_ok = (pos >= 0) & (pos < capacity)
+    if (pos < 0) | (pos >= capacity):
+        tl.atomic_or(err_ptr, 1)
+    if PAGED:
+        page = tl.load(table_ptr + n * st_b + tl.where(slot_ok, pos // block_size, 0) * st_p).to(tl.int64)
+        if slot_ok & ((page < 0) | (page >= num_blocks)):
+            tl.atomic_or(err_ptr, 2)
+        slot_ok = slot_ok & (page >= 0) & (page < num_blocks)
+        row, slot = page, pos % block_size
+    else:
+        row, slot = n, pos
+
+    i = tl.arange(0, BLOCK_HALF)
+    i_ok = i < half
+    sin, cos = _sincos(pos.to(tl.float64) * tl.load(inv_freq_ptr + i, mask=i_ok, other=0.0))
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = (h < Hq + 2 * Hkv)[:, None] & i_ok[None, :]
+    src = qkv_ptr + n * s_tok + (h * D)[:, None]
+    xa = tl.load(src + i[None, :], mask=mask, other=0.0).to(tl.float32)
+    xb = tl.load(src + half + i[None, :], mask=mask, other=0.0).to(tl.float32)
+    turn = (h < Hq + Hkv)[:, None]                          # v heads pass through unrotated
+    ya = tl.where(turn, xa * cos[None, :] - xb * sin[None, :], xa)
+    yb = tl.where(turn, xa * sin[None, :] + xb * cos[None, :], xb)
+    ty = q_ptr.dtype.element_ty
+    is_q = (h < Hq)[:, None]
+    q_dst = q_ptr + n * Hq * D + (h * D)[:, None]
+    tl.store(q_dst + i[None, :], ya.to(ty), mask=mask & is_q)
+    tl.store(q_dst + half + i[None, :], yb.to(ty), mask=mask & is_q)
+    hk = tl.where(h < Hq + Hkv, h - Hq, h - Hq - Hkv).to(tl.int64)      # the head's index in the cache
+    writes = ((h * 0 + slot_ok.to(tl.int32)) != 0)[:, None]             # (a vector: the interpreter's masks)
+    is_k = (h >= Hq)[:, None] & turn & writes
+    is_v = ~turn & writes
+    k_dst = kc_ptr + row * sk0 + slot * sk1 + (hk * sk2)[:, None]
+    v_dst = vc_ptr + row * sv0 + slot * sv1 + (hk * sv2)[:, None]
+    tl.store(k_dst + i[None, :], ya.to(ty), mask=mask & is_k)
+    tl.store(k_dst + half + i[None, :], yb.to(ty), mask=mask & is_k)
+    tl.store(v_dst + i[None, :], ya.to(ty), mask=mask & is_v)
+    tl.store(v_dst + half + i[None, :], yb.to(ty), mask=mask & is_v)
+
+
+def _position_problems(capacity, num_blocks, value):
+    found = []
+    if value & 1:
+        found.append(("positions", f"expected positions in [0, {capacity}) (the cache's capacity)"))
+    if value & 2:
+        found.append(("block_table", f"expected page indices in [0, {num_blocks}) for the positions written"))
+    return found
+
+
+def rope_into_cache(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    q_heads: int, theta: float = 10000.0, *, block_table: torch.Tensor | None = None,
+                    validate: bool | str = True) -> torch.Tensor:
+    """A decode step's RoPE and cache write, one kernel: qkv [N, (Hq + 2 Hkv) D] holds the q, k and v
+    heads of token n of cache row n at positions[n]. Returns q [N, Hq, D] turned by rope (neox
+    pairs, every dim rotated); stores k turned and v as is at that position of the cache:
+    contiguous caches [>= N rows, capacity, Hkv, D], or paged [num_blocks, block_size, Hkv, D]
+    with block_table [N, max_blocks] (position p of row n in page block_table[n, p // block_size]).
+    q and the stored k equal rope()'s to the bit; the cache is written at nothing else.
+
+    validate as decode_attention's: a position outside the capacity or a page index outside the
+    pool writes nothing (True: ValueError naming the argument; "deferred"; False: silent)."""
+    check_tensor("qkv", qkv, ndim=2)
+    check_tensor("positions", positions, dtypes=_INT_DTYPES, ndim=1)
+    check_tensor("k_cache", k_cache, ndim=4)
+    check_tensor("v_cache", v_cache, ndim=4)
+    check_same_dtype(qkv=qkv, k_cache=k_cache, v_cache=v_cache)
+    check_same_device(qkv=qkv, positions=positions, k_cache=k_cache, v_cache=v_cache, block_table=block_table)
+    check_validate(validate)
+    theta = check_finite("theta", theta, positive=True)
+    N = qkv.shape[0]
+    _, slots, Hkv, D = k_cache.shape
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    if D < 2 or D % 2:
+        raise ValueError(f"k_cache: expected an even head dim >= 2, got {D}")
+    if isinstance(q_heads, bool) or not isinstance(q_heads, int) or q_heads < 1:
+        raise ValueError(f"q_heads: expected an int >= 1, got {q_heads!r}")
+    if qkv.shape[1] != (q_heads + 2 * Hkv) * D:
+        raise ValueError(f"qkv: expected {(q_heads + 2 * Hkv) * D} columns ((q_heads {q_heads} + 2 x {Hkv} kv heads) x "
+                         f"head dim {D}), got {qkv.shape[1]}")
+    if positions.shape[0] != N:
+        raise ValueError(f"positions: expected {N} entries (one per row of qkv), got {positions.shape[0]}")
+    if qkv.stride(1) != 1:
+        qkv = qkv.contiguous()
+    if block_table is not None:
+        check_tensor("block_table", block_table, dtypes=_INT_DTYPES, ndim=2)
+        if block_table.shape[0] != N:
+            raise ValueError(f"block_table: expected {N} rows (one per row of qkv), got {block_table.shape[0]}")
+        capacity, block_size = block_table.shape[1] * slots, slots
+        st_b, st_p = block_table.stride()
+    else:
+        if k_cache.shape[0] < N:
+            raise ValueError(f"k_cache: expected >= {N} rows (one per row of qkv), got {k_cache.shape[0]}")
+        capacity, block_size, st_b, st_p = slots, 1, 0, 0
+    num_blocks = k_cache.shape[0]
+    q = torch.empty((N, q_heads, D), dtype=qkv.dtype, device=qkv.device)
+    if N == 0:
+        return q
+    block_half = next_power_of_2(D // 2)
+    block_h, num_warps = _tile(q_heads + 2 * Hkv, 2 * block_half)
+    word = error_word(qkv.device, validate)
+    _rope_into_cache_kernel[(N, cdiv(q_heads + 2 * Hkv, block_h))](
+        qkv, positions, _inv_freq(theta, D, qkv.device), q, k_cache, v_cache,
+        block_table if block_table is not None else positions, word, q_heads, Hkv, D, D // 2, capacity, block_size,
+        num_blocks, qkv.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], st_b, st_p,
+        PAGED=block_table is not None, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=num_warps,
+        **pdl_launch(qkv.device))
+    report_errors(word, validate, "rope_into_cache", functools.partial(_position_problems, capacity, num_blocks))
+    return q
+
+
 @triton.jit
 def _head_part(ptr, base, idx, stride, mask):
     """[BLOCK_H, n] fp32 values of the head rows at `base` (int64 [BLOCK_H, 1]), dims idx (0 masked)."""

@@ -6,12 +6,14 @@ Per layer, as Hugging Face's Qwen2DecoderLayer:
                                                               x = residual + previous MLP output)
     q, k, v  = split(h @ W_qkv^T + b_qkv)                   one matmul for the three projections
     q, k     = rope(q, k)                                   neox pairs (i, i + D/2), as HF's rotate_half; one call
+                                                            (decode: rope_into_cache also writes k, v to the cache)
     a        = flash_attention(q, k, v, causal, GQA)        prefill; decode_attention on the cache
     h, x     = add_rmsnorm(a @ W_o^T, x)                    x: the residual stream, rounded per add
     m        = swiglu(h, W_gate, W_up)  @ W_down^T          silu(gate) * up in one kernel
 
 then the final add + RMSNorm and the LM head (the embedding when tied). Every floating-point
-operation runs in a kernel; torch only views, concatenates, indexes the cache and picks tokens.
+operation runs in a kernel; torch only views, concatenates, writes the prefill's keys and values
+into the cache and picks tokens.
 
 Where our rounding differs from Hugging Face's in the same dtype, ours rounds less: RMSNorm
 rounds once (HF: the normalised value, then times the weight), SwiGLU once (HF: gate, silu(gate),
@@ -92,9 +94,11 @@ class Qwen2Decoder:
         v = qkv[:, c.q_size + c.kv_size:].view(N, c.num_key_value_heads, D)
         return qk[0, :, :Hq], qk[0, :, Hq:], v
 
-    def _layers(self, x: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor, attend, *, raw_qkv: bool = False) -> torch.Tensor:
         """The decoder layers on hidden states x [N, H] at positions [N] (int64); attend(layer,
-        q [N, Hq, D], k and v [N, Hkv, D]) -> [N, Hq, D]. Returns the final normed hidden states."""
+        q [N, Hq, D], k and v [N, Hkv, D]) -> [N, Hq, D], or with raw_qkv attend(layer, qkv) on the
+        projections before RoPE (decode: RoPE and the cache write are one kernel). Returns the
+        final normed hidden states."""
         c = self.config
         eps = c.rms_norm_eps
         pos = positions.view(1, -1)
@@ -104,8 +108,8 @@ class Qwen2Decoder:
                 h = kernels.rmsnorm(residual, w.input_norm, eps)
             else:
                 h, residual = kernels.add_rmsnorm(mlp_out, residual, w.input_norm, eps)
-            q, k, v = self._qkv(kernels.matmul(h, w.qkv_w, w.qkv_b), pos)
-            a = attend(i, q, k, v)
+            qkv = kernels.matmul(h, w.qkv_w, w.qkv_b)
+            a = attend(i, qkv) if raw_qkv else attend(i, *self._qkv(qkv, pos))
             h, residual = kernels.add_rmsnorm(kernels.matmul(a.view(a.shape[0], -1), w.o_w), residual,
                                               w.post_norm, eps)
             mlp_out = kernels.matmul(kernels.swiglu(h, w.gate_w, w.up_w, None, None, c.hidden_act), w.down_w)
@@ -189,14 +193,16 @@ class Qwen2Decoder:
         first and advances the host lengths after."""
         positions = cache.seqlens.long()
         seqlens = cache.seqlens + 1
-        rows = torch.arange(cache.batch, device=self.device)
+        c = self.config
 
-        def attend(i, q, k, v):
-            cache.write(i, k, v, rows, positions)
+        def attend(i, qkv):
+            # row b's token at position seqlens[b]: q turned, k turned and v stored in the cache
             k_cache, v_cache, table = cache.view(i)
+            q = kernels.rope_into_cache(qkv, positions, k_cache, v_cache, c.num_attention_heads, c.rope_theta,
+                                        block_table=table, validate=False)
             return kernels.decode_attention(q, k_cache, v_cache, seqlens, block_table=table, validate=False)
 
         x = kernels.embedding(tokens, self.embed, validate=False)
-        h = self._layers(x, positions, attend)
+        h = self._layers(x, positions, attend, raw_qkv=True)
         cache.seqlens.copy_(seqlens)
         return self.logits(h)

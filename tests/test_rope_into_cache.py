@@ -1,0 +1,116 @@
+"""rope_into_cache: a decode step's RoPE and KV-cache write in one kernel (kernels/rope.py).
+
+It must be the unfused step to the bit: q equal to rope()'s, the cache equal to the cache after
+rope() and an indexed write of k and v, and nothing else of the cache touched. The caches
+start as NaN everywhere (a stray write or a skipped one shows), pages are handed out in a
+shuffled order, and the head counts include k heads != q heads and a head dim whose half is not
+a power of two. A position outside the cache or a page outside the pool writes nothing and is
+named.
+"""
+import pytest
+import torch
+
+import kernels
+
+# (q heads, kv heads, head dim)
+SHAPES = [(4, 2, 16), (3, 1, 80), (2, 2, 2), (12, 2, 128)]
+
+
+def _unfused(qkv, positions, k_cache, v_cache, Hq, theta, table):
+    """rope() on q and k, then the cache write as models/kv_cache.py does it."""
+    N = qkv.shape[0]
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    qk = kernels.rope(qkv[:, :(Hq + Hkv) * D].reshape(1, N, Hq + Hkv, D), positions.view(1, N), theta)[0]
+    v = qkv[:, (Hq + Hkv) * D:].reshape(N, Hkv, D)
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    rows = torch.arange(N, device=qkv.device)
+    pos = positions.long()
+    if table is None:
+        k_cache[rows, pos] = qk[:, Hq:]
+        v_cache[rows, pos] = v
+    else:
+        bs = k_cache.shape[1]
+        page = table[rows, pos // bs].long()
+        k_cache[page, pos % bs] = qk[:, Hq:]
+        v_cache[page, pos % bs] = v
+    return qk[:, :Hq], k_cache, v_cache
+
+
+def _case(dev, dtype, shape, N, capacity, block_size, seed):
+    Hq, Hkv, D = shape
+    g = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(N, (Hq + 2 * Hkv) * D, generator=g) * 3).to(dtype)
+    positions = torch.randint(0, capacity, (N,), generator=g)
+    positions[0] = capacity - 1                     # the last slot
+    if block_size is None:
+        cache_shape, table = (N + 1, capacity, Hkv, D), None      # a row past the batch stays untouched
+    else:
+        pages = -(-capacity // block_size)
+        order = torch.randperm(N * pages + 3, generator=g)[:N * pages]
+        table = order.view(N, pages).to(torch.int32)
+        cache_shape = (N * pages + 3, block_size, Hkv, D)
+    k_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    to = dict(device=dev)
+    return (qkv.to(**to), positions.to(**to), k_cache.to(**to), v_cache.to(**to),
+            None if table is None else table.to(**to))
+
+
+@pytest.mark.op("rope")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("block_size", [None, 1, 16], ids=lambda b: "contiguous" if b is None else f"paged{b}")
+def test_rope_into_cache_is_rope_then_the_cache_write_to_the_bit(backend, dtype, shape, block_size):
+    qkv, positions, k_cache, v_cache, table = _case(backend.device, dtype, shape, N=3, capacity=40,
+                                                    block_size=block_size, seed=sum(shape))
+    theta = 1e6
+    want_q, want_k, want_v = _unfused(qkv, positions, k_cache, v_cache, shape[0], theta, table)
+    q = kernels.rope_into_cache(qkv, positions, k_cache, v_cache, shape[0], theta, block_table=table)
+    for name, got, want in (("q", q, want_q), ("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)):
+        same = (got == want) | (got.isnan() & want.isnan())
+        assert bool(same.all()), (
+            f"rope_into_cache {dtype} heads {shape} {'contiguous' if table is None else 'paged'}: {name} differs "
+            f"from rope() + the indexed write at {int((~same).sum())} elements, first at "
+            f"{[int(i) for i in (~same).nonzero()[0]]}")
+
+
+@pytest.mark.op("rope")
+@pytest.mark.parametrize("bad", ["position-past-capacity", "negative-position", "page-past-pool", "negative-page"])
+def test_rope_into_cache_writes_nothing_through_a_bad_index_and_names_it(backend, bad):
+    paged = bad in ("page-past-pool", "negative-page")
+    qkv, positions, k_cache, v_cache, table = _case(backend.device, torch.float32, (2, 1, 8), N=2, capacity=16,
+                                                    block_size=4 if paged else None, seed=5)
+    if bad == "position-past-capacity":
+        positions[1] = 16
+    elif bad == "negative-position":
+        positions[1] = -1
+    else:
+        table[1, int(positions[1]) // 4] = table.numel() + 3 if bad == "page-past-pool" else -1
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    with pytest.raises(ValueError, match="block_table" if paged else "positions"):
+        kernels.rope_into_cache(qkv, positions, k_cache, v_cache, 2, block_table=table)
+    # row 0 was written, row 1 nowhere
+    changed = ~((k_cache == before_k) | (k_cache.isnan() & before_k.isnan()))
+    assert int(changed.sum()) == 8, f"{bad}: expected only row 0's k head written (8 elements), {int(changed.sum())} changed"
+    changed_v = ~((v_cache == before_v) | (v_cache.isnan() & before_v.isnan()))
+    assert int(changed_v.sum()) == 8
+
+
+@pytest.mark.op("rope")
+@pytest.mark.parametrize("call, argument", [
+    (lambda q, p, k, v: kernels.rope_into_cache(q[:, 1:], p, k, v, 2), "qkv"),
+    (lambda q, p, k, v: kernels.rope_into_cache(q, p[:1], k, v, 2), "positions"),
+    (lambda q, p, k, v: kernels.rope_into_cache(q, p.float(), k, v, 2), "positions"),
+    (lambda q, p, k, v: kernels.rope_into_cache(q, p, k[:, :, :, :6], v, 2), "v_cache"),
+    (lambda q, p, k, v: kernels.rope_into_cache(q, p, k, v.half(), 2), "v_cache"),
+    (lambda q, p, k, v: kernels.rope_into_cache(q, p, k, v, 0), "q_heads"),
+    (lambda q, p, k, v: kernels.rope_into_cache(q, p, k[:1], v[:1], 2), "k_cache"),
+    (lambda q, p, k, v: kernels.rope_into_cache(q, p, k, v, 2, theta=-1.0), "theta"),
+    (lambda q, p, k, v: kernels.rope_into_cache(q, p, k, v, 2, block_table=p.view(2, 1)[:1]), "block_table"),
+], ids=["qkv-columns", "positions-count", "positions-dtype", "cache-shapes", "cache-dtypes", "q_heads",
+        "cache-rows", "theta", "table-rows"])
+def test_rope_into_cache_names_a_bad_argument(backend, call, argument):
+    qkv, positions, k_cache, v_cache, _ = _case(backend.device, torch.float32, (2, 1, 8), N=2, capacity=16,
+                                                block_size=None, seed=3)
+    with pytest.raises((ValueError, TypeError), match=argument):
+        call(qkv, positions, k_cache, v_cache)
