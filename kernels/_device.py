@@ -9,12 +9,22 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 @triton.jit
 def wait_for_previous_kernel(PDL: tl.constexpr):
     """First thing in a kernel that may be launched with programmatic dependent launch
-    (kernels/_launch.py, dependent_launch): let the next kernel in the stream start launching,
-    then wait until the previous one has finished and its writes are visible. Nothing before
-    this reads or writes memory. PDL False (the interpreter, pre-Hopper GPUs): nothing."""
+    (kernels/_launch.py, dependent_launch): wait until the previous kernel in the stream has
+    finished and its writes are visible. Nothing before this reads or writes memory. PDL False
+    (the interpreter, pre-Hopper GPUs): nothing."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def launch_next_kernel(PDL: tl.constexpr):
+    """After a kernel's main work, before its stores: let the next kernel in the stream start
+    launching (its programs wait in wait_for_previous_kernel until this one is done). Here and
+    not first thing: H200, a Qwen2-1.5B decode step at batch 1, 1350.8 us without PDL, 1364.9
+    with this at the start of every kernel (the chain of waiting programs grows, kernel after
+    kernel), 1307.3 with none (at each kernel's exit), 1248.8 here (bench/NOTES.md, session 15)."""
     if PDL:
         gdc_launch_dependents()
-        gdc_wait()
 
 
 @triton.jit

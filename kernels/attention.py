@@ -27,7 +27,7 @@ import triton.language as tl
 from kernels._launch import (allocate, bad_pages, cdiv, check_finite, check_same_device, check_same_dtype, check_shape,
                              check_tensor, check_validate, error_word, interpreting, merge_splits, new_out,
                              next_power_of_2, paged_detail, paged_host_word, paged_problems, pdl_launch, report_errors)
-from kernels._device import wait_for_previous_kernel
+from kernels._device import launch_next_kernel, wait_for_previous_kernel
 from kernels._variants import by_alignment
 
 _LOG2E = 1.4426950408889634
@@ -232,6 +232,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, o_ptr, ml_ptr, e
         s = tl.where(pos_ok[None, :], s, -float("inf"))
         v = _load_tile(v_ptr + v_row[:, None] + kvh * sv_h + offs_d[None, :] * sv_d, pos_ok, d_ok, True, EVEN_D)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, qk_scale, PRECISION)
+    launch_next_kernel(PDL)
 
     out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
     out = tl.where(seq_ok, out, float("nan"))
@@ -265,6 +266,7 @@ def _decode_combine_kernel(part_o_ptr, part_ml_ptr, o_ptr, Hq, D, num_splits,
     stats = part_ml_ptr + b * sl_b + h * sl_h
     out, _, _ = merge_splits(part_o_ptr + b * sp_b + h * sp_h, stats, stats + sl_p, num_splits, sp_s, D, qk_scale,
                              BLOCK_S, BLOCK_D)
+    launch_next_kernel(PDL)
     tl.store(o_ptr + b * so_b + h * so_h + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 

@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._device import activate, gemm_tile, grouped_tile, rounded_for, times_activation_grad, wait_for_previous_kernel, widened
+from kernels._device import (activate, gemm_tile, grouped_tile, launch_next_kernel, rounded_for, times_activation_grad,
+                             wait_for_previous_kernel, widened)
 from kernels._launch import (allocate, cdiv, check_same_device, check_same_dtype, check_tensor, interpreting,
                              new_out, next_power_of_2, pdl_launch, sm_count)
 from kernels._reduce import partials, sum_row_groups
@@ -138,6 +139,7 @@ def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, N, K, sak, swn, swk
             w2_ptrs += BLOCK_K * sw2k
         a_ptrs += BLOCK_K * sak
         w_ptrs += BLOCK_K * swk
+    launch_next_kernel(PDL)
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(b_ptr + rn * sb).to(tl.float32)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._device import kahan_add, load_tile, row_offsets, wait_for_previous_kernel
+from kernels._device import kahan_add, launch_next_kernel, load_tile, row_offsets, wait_for_previous_kernel
 from kernels._launch import (allocate, cdiv, check_count, check_finite, check_same_device, check_same_dtype,
                              check_shape, check_tensor, leading_layout, new_out, pdl_launch, row_tile)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
@@ -37,6 +37,7 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, n_rows, D, n1, n2, xs0, xs1, xs2, xsd, 
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
         w = tl.load(w_ptr + cols * ws, mask=cols < D, other=0.0).to(tl.float32)
         y = x * rstd[:, None] * w[None, :]
+        launch_next_kernel(PDL)
         tl.store(y_ptr + y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         sum_sq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -45,6 +46,7 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, n_rows, D, n1, n2, xs0, xs1, xs2, xsd, 
             x, _ = load_tile(x_ptr, x_row, start + cols, row_ok, D, xsd, 0.0)
             sum_sq, comp = kahan_add(sum_sq, comp, x * x)
         rstd = tl.rsqrt(tl.sum(sum_sq, axis=1) / D + eps)
+        launch_next_kernel(PDL)
         for start in range(0, D, BLOCK_D):
             c = start + cols
             x, mask = load_tile(x_ptr, x_row, c, row_ok, D, xsd, 0.0)
@@ -132,6 +134,7 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, u_ptr, n_rows, D, n1, n2,
         rstd = tl.rsqrt(tl.sum(u * u, axis=1) / D + eps)
         w = tl.load(w_ptr + cols * ws, mask=cols < D, other=0.0).to(tl.float32)
         y = u * rstd[:, None] * w[None, :]
+        launch_next_kernel(PDL)
         tl.store(y_ptr + y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         sum_sq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -145,6 +148,7 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, u_ptr, n_rows, D, n1, n2,
             u = u.to(tl.float32)
             sum_sq, comp = kahan_add(sum_sq, comp, u * u)
         rstd = tl.rsqrt(tl.sum(sum_sq, axis=1) / D + eps)
+        launch_next_kernel(PDL)
         # The second pass reads back u, written above by this same program.
         tl.debug_barrier()
         for start in range(0, D, BLOCK_D):

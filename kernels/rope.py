@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._device import kahan_add, wait_for_previous_kernel
+from kernels._device import kahan_add, launch_next_kernel, wait_for_previous_kernel
 from kernels._launch import (cdiv, check_finite, check_same_device, check_same_dtype, check_shape, check_tensor,
                              check_validate, error_word, new_out, next_power_of_2, pdl_launch, report_errors)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
@@ -57,6 +57,14 @@ def _sincos(angle):
     sin = tl.where((quadrant & 2) != 0, -sin, sin)
     cos = tl.where(((quadrant + 1) & 2) != 0, -cos, cos)
     return sin, cos
+
+
+@triton.jit
+def _turn(xa, xb, cos, sin):
+    """The pairs (xa, xb) turned by the angle: (xa cos - xb sin, xa sin + xb cos), each as one
+    fused multiply-add of a rounded product (written out: left to the compiler, two kernels with
+    the same expression contracted it differently on the GPU, an fp32 ulp apart)."""
+    return tl.fma(xa, cos, -(xb * sin)), tl.fma(xa, sin, xb * cos)
 
 
 @triton.jit
@@ -112,8 +120,8 @@ def _rope_kernel(x_ptr, pos_ptr, inv_freq_ptr, w_ptr, y_ptr, T, H, D, half,
         xb = xb * rstd * tl.load(w_ptr + ib * ws, mask=i_ok, other=0.0).to(tl.float32)[None, :]
         if HAS_PASS:
             xp = xp * rstd * tl.load(w_ptr + ip * ws, mask=ip < D, other=0.0).to(tl.float32)[None, :]
-    ya = xa * cos - xb * sin
-    yb = xa * sin + xb * cos
+    ya, yb = _turn(xa, xb, cos, sin)
+    launch_next_kernel(PDL)
     out_ty = y_ptr.dtype.element_ty
     tl.store(y_ptr + y_base + ia[None, :], ya.to(out_ty), mask=mask)
     tl.store(y_ptr + y_base + ib[None, :], yb.to(out_ty), mask=mask)
@@ -265,8 +273,10 @@ def _rope_into_cache_kernel(qkv_ptr, pos_ptr, inv_freq_ptr, q_ptr, kc_ptr, vc_pt
     xa = tl.load(src + i[None, :], mask=mask, other=0.0).to(tl.float32)
     xb = tl.load(src + half + i[None, :], mask=mask, other=0.0).to(tl.float32)
     turn = (h < Hq + Hkv)[:, None]                          # v heads pass through unrotated
-    ya = tl.where(turn, xa * cos[None, :] - xb * sin[None, :], xa)
-    yb = tl.where(turn, xa * sin[None, :] + xb * cos[None, :], xb)
+    ta, tb = _turn(xa, xb, cos[None, :], sin[None, :])
+    ya = tl.where(turn, ta, xa)
+    yb = tl.where(turn, tb, xb)
+    launch_next_kernel(PDL)
     ty = q_ptr.dtype.element_ty
     is_q = (h < Hq)[:, None]
     q_dst = q_ptr + n * Hq * D + (h * D)[:, None]
