@@ -12,8 +12,8 @@ import torch
 
 import kernels
 
-# (q heads, kv heads, head dim)
-SHAPES = [(4, 2, 16), (3, 1, 80), (2, 2, 2), (12, 2, 128)]
+# (q heads, kv heads, head dim); 32 + 2 x 8 heads of 128 take two programs a token
+SHAPES = [(4, 2, 16), (3, 1, 80), (2, 2, 2), (12, 2, 128), (32, 8, 128)]
 
 
 def _unfused(qkv, positions, k_cache, v_cache, Hq, theta, table):
@@ -42,6 +42,7 @@ def _case(dev, dtype, shape, N, capacity, block_size, seed):
     qkv = (torch.randn(N, (Hq + 2 * Hkv) * D, generator=g) * 3).to(dtype)
     positions = torch.randint(0, capacity, (N,), generator=g)
     positions[0] = capacity - 1                     # the last slot
+    positions[1] = 0                                # and the first
     if block_size is None:
         cache_shape, table = (N + 1, capacity, Hkv, D), None      # a row past the batch stays untouched
     else:
@@ -89,14 +90,38 @@ def test_rope_into_cache_writes_nothing_through_a_bad_index_and_names_it(backend
         positions[1] = -1
     else:
         table[1, int(positions[1]) // 4] = table.numel() + 3 if bad == "page-past-pool" else -1
-    before_k, before_v = k_cache.clone(), v_cache.clone()
-    with pytest.raises(ValueError, match="block_table" if paged else "positions"):
+    # what the call must leave: row 0 written as the unfused step writes it, nothing else
+    _, want_k, want_v = _unfused(qkv[:1], positions[:1], k_cache, v_cache, 2, 10000.0,
+                                 None if table is None else table[:1])
+    named, other = ("block_table", "positions") if paged else ("positions", "block_table")
+    with pytest.raises(ValueError, match=f"^{named}: ") as error:
         kernels.rope_into_cache(qkv, positions, k_cache, v_cache, 2, block_table=table)
-    # row 0 was written, row 1 nowhere
-    changed = ~((k_cache == before_k) | (k_cache.isnan() & before_k.isnan()))
-    assert int(changed.sum()) == 8, f"{bad}: expected only row 0's k head written (8 elements), {int(changed.sum())} changed"
-    changed_v = ~((v_cache == before_v) | (v_cache.isnan() & before_v.isnan()))
-    assert int(changed_v.sum()) == 8
+    assert f"{other}:" not in str(error.value), f"{bad}: the error names {other} too: {error.value}"
+    for name, got, want in (("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)):
+        same = (got == want) | (got.isnan() & want.isnan())
+        assert bool(same.all()), (f"{bad}: {name} differs from row 0's write alone at {int((~same).sum())} elements, "
+                                  f"first at {[int(i) for i in (~same).nonzero()[0]]}")
+
+
+@pytest.mark.op("decoder")
+def test_rope_into_cache_turns_by_positions_past_fp32s_integers(backend):
+    """Positions past 2^24 (not integers in fp32): the angle is formed in float64, as rope()'s.
+    A paged cache reaches them with a long block table over a small pool."""
+    dev = backend.device
+    N, Hq, Hkv, D, bs = 2, 2, 1, 16, 4
+    positions = torch.tensor([2 ** 24 + 1, 10 ** 7 + 3])
+    table = torch.zeros(N, (2 ** 24 + 8) // bs, dtype=torch.int32)
+    table[0, (2 ** 24 + 1) // bs], table[1, (10 ** 7 + 3) // bs] = 1, 2
+    g = torch.Generator().manual_seed(9)
+    qkv = torch.randn(N, (Hq + 2 * Hkv) * D, generator=g).to(dev)
+    k_cache = torch.full((3, bs, Hkv, D), float("nan"), device=dev)
+    v_cache = k_cache.clone()
+    positions, table = positions.to(dev), table.to(dev)
+    want_q, want_k, want_v = _unfused(qkv, positions, k_cache, v_cache, Hq, 1e6, table)
+    q = kernels.rope_into_cache(qkv, positions, k_cache, v_cache, Hq, 1e6, block_table=table)
+    for name, got, want in (("q", q, want_q), ("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)):
+        same = (got == want) | (got.isnan() & want.isnan())
+        assert bool(same.all()), f"positions {positions.tolist()}: {name} differs from rope() + the write"
 
 
 @pytest.mark.op("decoder")
