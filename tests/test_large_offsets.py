@@ -411,6 +411,47 @@ def test_flash_attention_backward_reads_and_writes_past_2_31_elements(op, dtype,
     torch.cuda.empty_cache()
 
 
+@pytest.mark.op("decoder")
+@pytest.mark.parametrize("layout", ["rows", "slots", "pages"])
+def test_rope_into_cache_writes_slots_past_2_31_elements(layout, backend):
+    """The decode step's RoPE + cache write (the decoder's kernel) into slots past 2^31 elements,
+    int32 positions and pages: rows, a row index times a row stride below 2^31 (the row must be
+    int64); slots, a position times the slot stride past 2^31 (the position must be); pages, a
+    page index times the page stride past 2^31 (the page must be). Caches of 4-8 GiB each: never
+    backed on the CPU but where written."""
+    dev = backend.device
+    Hq, Hkv, D = 4, 8, 128
+    if layout == "rows":
+        S = 2**20 + 8                               # row stride 2^30 + 8192: row 2 starts past 2^31
+        cache_shape, table, positions = (3, S, Hkv, D), None, [S - 1, 5, 7]
+        where = [(0, S - 1), (1, 5), (2, 7)]
+    elif layout == "slots":
+        S = 2**21 + 16                              # slot S - 1 of row 0 starts past 2^31
+        cache_shape, table, positions = (2, S, Hkv, D), None, [S - 1, 3]
+        where = [(0, S - 1), (1, 3)]
+    else:
+        pages = 2**17 + 4                           # page stride 2^14: the last pages start past 2^31
+        cache_shape, positions = (pages, 16, Hkv, D), [17, 2]
+        table = torch.tensor([[0, pages - 1], [pages - 2, 5]], dtype=torch.int32, device=dev)
+        where = [(pages - 1, 1), (pages - 2, 2)]
+    N = len(positions)
+    positions = torch.tensor(positions, dtype=torch.int32, device=dev)
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(N, (Hq + 2 * Hkv) * D, generator=g).half().to(dev)
+    k_cache = torch.empty(cache_shape, dtype=torch.float16, device=dev)
+    v_cache = torch.empty(cache_shape, dtype=torch.float16, device=dev)
+    q = kernels.rope_into_cache(qkv, positions, k_cache, v_cache, Hq, 1e6, block_table=table)
+    turned = kernels.rope(qkv[:, :(Hq + Hkv) * D].reshape(1, N, Hq + Hkv, D), positions.view(1, N), 1e6)[0]
+    assert torch.equal(q, turned[:, :Hq])
+    for n, (row, slot) in enumerate(where):
+        assert torch.equal(k_cache[row, slot], turned[n, Hq:]), f"{layout}: row {n}'s k is not at ({row}, {slot})"
+        assert torch.equal(v_cache[row, slot], qkv[n, (Hq + Hkv) * D:].view(Hkv, D)), \
+            f"{layout}: row {n}'s v is not at ({row}, {slot})"
+    del k_cache, v_cache
+    if torch.device(dev).type == "cuda":
+        torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("op,dtype,config", [pytest.param("decode_attention", "float16", "huge",
                                                           marks=pytest.mark.op("decode_attention"))])
 def test_decode_attention_reads_batches_past_2_31_elements(op, dtype, config, backend, budgets):
