@@ -6,7 +6,8 @@ Qwen2-1.5B shape, random weights (no transformers needed), bf16. Captures the de
 CUDA graph (models/decode_graph.py) after one eager step, replays it under torch.profiler and
 prints, per kernel name: calls a step, GPU us a step, us a call; then the step's wall time
 (CUDA events), the kernels' sum and the gaps between them (launch latency inside the graph).
---generate: the same for generate()'s loop (bench_decoder's measure), per token.
+--generate: the same for generate()'s loop (bench_decoder's measure), per token. --splits N:
+decode attention split N ways whatever its rule says.
 """
 from __future__ import annotations
 
@@ -53,7 +54,13 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--generate", action="store_true", help="also profile generate()'s loop around the replays")
+    ap.add_argument("--splits", type=int, default=None, help="decode attention's split count (default: its rule)")
     args = ap.parse_args()
+    if args.splits is not None:
+        from kernels import attention
+
+        rule = attention._decode_splits
+        attention._decode_splits = lambda B, Hkv, cap, bn, n: rule(B, Hkv, cap, bn, n or args.splits)
     from models.decode_graph import DecodeGraph
     from models.kv_cache import make_cache
 
