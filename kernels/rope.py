@@ -352,8 +352,7 @@ def rope_into_cache(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.T
     q = torch.empty((N, q_heads, D), dtype=qkv.dtype, device=qkv.device)
     if N == 0:
         return q
-    block_half = next_power_of_2(D // 2)
-    block_h, num_warps = _tile(q_heads + 2 * Hkv, 2 * block_half)
+    block_half, _, _, block_h, num_warps = _blocks(q_heads + 2 * Hkv, D, D)     # rope()'s tiles, every dim turned
     word = error_word(qkv.device, validate)
     _rope_into_cache_kernel[(N, cdiv(q_heads + 2 * Hkv, block_h))](
         qkv, positions, _inv_freq(theta, D, qkv.device), q, k_cache, v_cache,
