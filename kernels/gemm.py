@@ -44,8 +44,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._device import (activate, gemm_tile, grouped_tile, launch_next_kernel, rounded_for, times_activation_grad,
                              wait_for_previous_kernel, widened)
-from kernels._launch import (allocate, cdiv, check_same_device, check_same_dtype, check_tensor, interpreting,
-                             new_out, next_power_of_2, pdl_launch, sm_count)
+from kernels._launch import (allocate, cdiv, check_same_device, check_same_dtype, check_shape, check_tensor,
+                             interpreting, new_out, next_power_of_2, pdl_launch, sm_count)
 from kernels._reduce import partials, sum_row_groups
 from kernels._variants import by_alignment
 
@@ -104,32 +104,69 @@ _gemm_kernel = by_alignment(
 
 
 @triton.jit
-def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, N, K, sak, swn, swk, sw2n, sw2k, sb, sb2,
+def _gemv_load(ptrs, k_ok, EVEN_K: tl.constexpr):
+    """A BLOCK_K tile of a row, zeros past K (k_ok)."""
+    if EVEN_K:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=k_ok, other=0.0)
+
+
+@triton.jit
+def _norm_input(x_ptrs, r_ptrs, k_ok, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr):
+    """u = x + r rounded to x's dtype (HAS_RES), else x: a tile of what the fused norm normalises."""
+    x = _gemv_load(x_ptrs, k_ok, EVEN_K)
+    if HAS_RES:
+        x = (x.to(tl.float32) + _gemv_load(r_ptrs, k_ok, EVEN_K).to(tl.float32)).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, r_ptr, n_ptr, u_ptr, N, K, sak, swn, swk, sw2n, sw2k,
+                 sb, sb2, srk, snk, eps,
                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS2: tl.constexpr, GATED: tl.constexpr,
-                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                 PDL: tl.constexpr):
+                 NORM: tl.constexpr, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
     """y[cols] = act(a w^T + b) (GATED: times a w2^T + b2) for one row a [K]: the matrix-vector
     product of a decode step on the CUDA cores. BLOCK_N weight rows a program, BLOCK_K columns a
     step, each product exact in fp32 and summed elementwise into a [BLOCK_N, BLOCK_K] fp32
     accumulator, one row sum at the end; no tl.dot, the loop's loads pipelined STAGES deep
-    (asynchronous copies through shared memory on the GPU)."""
+    (asynchronous copies through shared memory on the GPU).
+
+    NORM (add_rmsnorm_matmul, add_rmsnorm_swiglu): the row multiplied is rmsnorm(u) n, u = a + r
+    rounded to a's dtype (HAS_RES) or a, made here rather than by a norm kernel launched before,
+    in the same single pass: each program multiplies u n (fp32) into its accumulators while it
+    sums u^2, and scales its row sums by rstd at the end. The normalised row is never rounded to
+    the dtype (the two ops round it: one rounding fewer here). Program 0 writes u."""
     wait_for_previous_kernel(PDL)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = (cols % N).to(tl.int64)        # rows past N wrap onto valid ones (never stored)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_k * sak
+    r_ptrs = r_ptr + offs_k * srk
+    n_ptrs = n_ptr + offs_k * snk
+    u_ptrs = u_ptr + offs_k
+    if NORM:
+        sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
     w_ptrs = w_ptr + rn[:, None] * swn + offs_k[None, :] * swk
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     if GATED:
         w2_ptrs = w2_ptr + rn[:, None] * sw2n + offs_k[None, :] * sw2k
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
+        k_ok = offs_k < K - k * BLOCK_K
+        if NORM:
+            u = _norm_input(a_ptrs, r_ptrs, k_ok, HAS_RES, EVEN_K)
+            if HAS_RES:
+                tl.store(u_ptrs, u, mask=k_ok & (offs_k * 0 + pid == 0))
+            u = u.to(tl.float32)
+            sum_sq += u * u
+            a = u * _gemv_load(n_ptrs, k_ok, EVEN_K).to(tl.float32)
+        else:
+            a = _gemv_load(a_ptrs, k_ok, EVEN_K).to(tl.float32)      # zeros past K add nothing
         if EVEN_K:
-            a = tl.load(a_ptrs).to(tl.float32)
             acc += tl.load(w_ptrs).to(tl.float32) * a[None, :]
         else:
-            k_ok = offs_k < K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=k_ok, other=0.0).to(tl.float32)     # zeros past K add nothing
             acc += tl.load(w_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32) * a[None, :]
         if GATED:
             if EVEN_K:
@@ -138,23 +175,31 @@ def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, N, K, sak, swn, swk
                 acc2 += tl.load(w2_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32) * a[None, :]
             w2_ptrs += BLOCK_K * sw2k
         a_ptrs += BLOCK_K * sak
+        r_ptrs += BLOCK_K * srk
+        n_ptrs += BLOCK_K * snk
+        u_ptrs += BLOCK_K
         w_ptrs += BLOCK_K * swk
     launch_next_kernel(PDL)
     y = tl.sum(acc, axis=1)
+    if NORM:
+        rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)       # as _add_rmsnorm_kernel's, summed in another order
+        y = y * rstd
     if HAS_BIAS:
         y += tl.load(b_ptr + rn * sb).to(tl.float32)
     y = activate(y, ACT)
     if GATED:
         y2 = tl.sum(acc2, axis=1)
+        if NORM:
+            y2 = y2 * rstd
         if HAS_BIAS2:
             y2 += tl.load(b2_ptr + rn * sb2).to(tl.float32)
         y = y * y2
-    tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=cols < N)
+    tl.store(y_ptr + cols, rounded_for(y, y_ptr), mask=cols < N)     # (bf16 to nearest on the interpreter too)
 
 
 _gemv_kernel = by_alignment(
     _gemv_kernel, a="a_ptr sak K", w="w_ptr swn swk K", w2="w2_ptr sw2n sw2k K", b="b_ptr sb", b2="b2_ptr sb2",
-    y="y_ptr N")
+    y="y_ptr N", r="r_ptr srk", n="n_ptr snk", u="u_ptr")
 
 
 @triton.jit
@@ -408,32 +453,40 @@ def gemv_route(M: int, dtype, tiles_asked: bool) -> bool:
     return M == 1 and dtype in (torch.float16, torch.bfloat16) and not tiles_asked
 
 
-def _gemv_config(K, gated):
+def _gemv_config(K, gated, norm=False):
     """_gemv_kernel's tiles, from GPU times inside CUDA graphs on an H200 with each call on another
     copy of the weight (bench/explore_gemv.py; Qwen2-1.5B's decode projections, against the
     pointer GEMM / cuBLAS): 4 rows a program, 4 warps, 3 stages; 512 columns a step (qkv 4.6 us
     against 6.4 / 5.7, o 4.2 against 6.1 / 6.9), 1024 from K 4096 (down, K 8960: 9.6 against
-    16.6 / 11.6), 256 for SwiGLU's two weights (16.3 against 19.8 / 21.0)."""
+    16.6 / 11.6), 256 for SwiGLU's two weights (16.3 against 19.8 / 21.0). With the norm fused
+    (norm: add_rmsnorm_matmul / _swiglu) 8 rows: each program reads the row, the residual and the
+    norm's weight, so fewer programs read less of them (bench/explore_norm_gemv.py: a Qwen2-1.5B
+    step 1261 us at 8 rows, 1308 at 4, 1282 with 16 for the MLP, 1307 for the two ops; 512 columns,
+    8 warps or 4 stages for the MLP's call were slower)."""
     bk = 256 if gated else (1024 if K >= 4096 else 512)
-    return dict(BLOCK_N=4, BLOCK_K=min(bk, max(16, next_power_of_2(K))), STAGES=3, num_warps=4)
+    return dict(BLOCK_N=8 if norm else 4, BLOCK_K=min(bk, max(16, next_power_of_2(K))), STAGES=3, num_warps=4)
 
 
-def _launch_gemv(x2, weights, biases, out2, activation, gated, cfg=None):
+def _launch_gemv(x2, weights, biases, out2, activation, gated, cfg=None, norm=None):
     """_gemv_kernel on row x2 [1, K]; cfg: its tiles (default _gemv_config; bench/explore_gemv.py
-    sweeps them)."""
+    sweeps them). norm: (residual [1, K] or None, norm weight [K], eps, u_out [1, K]): the row
+    multiplied is rmsnorm(x2 + residual) (add_rmsnorm_matmul)."""
     K = x2.shape[1]
     N = weights[0].shape[0]
-    cfg = cfg or _gemv_config(K, gated)
+    cfg = cfg or _gemv_config(K, gated, norm is not None)
     weights = [_fit_strides(w, cfg["BLOCK_K"]) for w in weights]
     w, w2 = weights[0], weights[-1]
     b, b2 = biases
     a = _fit_strides(x2, cfg["BLOCK_K"])
+    r, n, eps, u = norm if norm is not None else (None, a, 0.0, a)
+    r = _fit_strides(r, cfg["BLOCK_K"]) if r is not None else None
     _gemv_kernel[(cdiv(N, cfg["BLOCK_N"]),)](
-        a, w, w2, b if b is not None else w, b2 if b2 is not None else w, out2, N, K, a.stride(1),
-        w.stride(0), w.stride(1), w2.stride(0), w2.stride(1),
+        a, w, w2, b if b is not None else w, b2 if b2 is not None else w, out2, r if r is not None else a, n, u,
+        N, K, a.stride(1), w.stride(0), w.stride(1), w2.stride(0), w2.stride(1),
         b.stride(0) if b is not None else 0, b2.stride(0) if b2 is not None else 0,
-        ACT=activation, HAS_BIAS=b is not None, HAS_BIAS2=b2 is not None, GATED=gated,
-        EVEN_K=K % cfg["BLOCK_K"] == 0, **cfg, **pdl_launch(x2.device))
+        r.stride(-1) if r is not None else 0, n.stride(-1), eps,
+        ACT=activation, HAS_BIAS=b is not None, HAS_BIAS2=b2 is not None, GATED=gated, NORM=norm is not None,
+        HAS_RES=r is not None, EVEN_K=K % cfg["BLOCK_K"] == 0, **cfg, **pdl_launch(x2.device))
 
 
 def _run(x2, weights, biases, out2, activation, gated, block_m, block_n, block_k, group_m):
@@ -537,6 +590,74 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: to
     else:
         _config(x2.shape[0], N, K, x.element_size(), 2, block_m, block_n, block_k, group_m)   # checks them
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# A decode step's norm and the projection after it, in one launch
+# ---------------------------------------------------------------------------------------------
+
+def _norm_then(x, residual, norm_w, eps, weights, biases, activation, gated):
+    """(y, u): the projection of rmsnorm(u) norm_w, u = x + residual rounded (or x when residual
+    is None). One row of a 16-bit dtype: one _gemv_kernel launch that normalises the row itself,
+    without rounding it. Otherwise the two ops, kernels.add_rmsnorm (or rmsnorm) then matmul /
+    swiglu."""
+    from kernels.norms import _check_rows, add_rmsnorm, rmsnorm       # (norms never imports this module)
+
+    eps = _check_rows(x, norm_w, eps, "norm_w")
+    if residual is not None:
+        check_tensor("residual", residual)
+        check_shape("residual", residual, x.shape)
+    check_same_device(x=x, residual=residual, norm_w=norm_w)
+    check_same_dtype(x=x, residual=residual, norm_w=norm_w)
+    x2 = _rows("x", x)
+    K = x.shape[-1]
+    if gated:
+        _, N = _check_swiglu_args(x, *weights, *biases, activation, {})
+    else:
+        _check_weight("w", weights[0], K)
+        _check_bias("bias", biases[0], weights[0].shape[0])
+        check_same_dtype(x=x, w=weights[0], bias=biases[0])
+        check_same_device(x=x, w=weights[0], bias=biases[0])
+        _check_activation(activation, ACTIVATIONS)
+        N = weights[0].shape[0]
+    fused = NORM_GEMV["swiglu" if gated else "matmul"] and gemv_route(x2.shape[0], x.dtype, False)
+    if not (fused and K > 0 and N > 0):
+        if residual is None:
+            h, u = rmsnorm(x, norm_w, eps), x
+        else:
+            h, u = add_rmsnorm(x, residual, norm_w, eps)
+        y = swiglu(h, *weights, *biases, activation) if gated else matmul(h, weights[0], biases[0], activation)
+        return y, u
+    y = new_out(None, (*x.shape[:-1], N), x.dtype, x.device)
+    u = new_out(None, x.shape, x.dtype, x.device) if residual is not None else x
+    r = _rows("residual", residual) if residual is not None else None
+    n = norm_w if _GEMV_BLOCK_K_MAX * abs(norm_w.stride(0)) < 2**31 else norm_w.contiguous()
+    _launch_gemv(x2, weights, biases, y.view(-1, N), activation, gated, norm=(r, n, eps, u.view(-1, K)))
+    return y, u
+
+
+_GEMV_BLOCK_K_MAX = 1024        # _gemv_config's widest step
+# Which one-row calls take the fused kernel (bench/explore_norm_gemv.py turns them off to time the two ops).
+NORM_GEMV = dict(matmul=True, swiglu=True)
+
+
+def add_rmsnorm_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, w: torch.Tensor,
+                       bias: torch.Tensor | None = None, eps: float = 1e-6,
+                       activation: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
+    """(matmul(h, w, bias, activation), u) where (h, u) = add_rmsnorm(x, residual, norm_w, eps), or
+    h = rmsnorm(x, norm_w, eps) and u = x itself when residual is None: a decoder layer's norm and
+    the projection after it. One row of fp16 / bf16 (a decode step at batch 1) is one launch: the
+    matrix-vector kernel normalises the row as it multiplies it and keeps h in fp32 (one rounding
+    fewer than the two ops, which round h to the dtype); other shapes run the two ops."""
+    return _norm_then(x, residual, norm_w, eps, [w], (bias, None), activation, False)
+
+
+def add_rmsnorm_swiglu(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, w_gate: torch.Tensor,
+                       w_up: torch.Tensor, eps: float = 1e-6,
+                       activation: str = "silu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(swiglu(h, w_gate, w_up, activation=activation), u) for (h, u) as add_rmsnorm_matmul's: the
+    MLP's norm and its gated projection, one launch for one 16-bit row."""
+    return _norm_then(x, residual, norm_w, eps, [w_gate, w_up], (None, None), activation, True)
 
 
 # ---------------------------------------------------------------------------------------------

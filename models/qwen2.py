@@ -104,15 +104,16 @@ class Qwen2Decoder:
         pos = positions.view(1, -1)
         residual, mlp_out = x, None
         for i, w in enumerate(self.layers):
+            # Each norm and the projection after it: one launch for a decode step at batch 1
+            # (the matrix-vector kernel normalises its row itself), the two ops otherwise.
             if mlp_out is None:
-                h = kernels.rmsnorm(residual, w.input_norm, eps)
+                qkv, residual = kernels.add_rmsnorm_matmul(residual, None, w.input_norm, w.qkv_w, w.qkv_b, eps)
             else:
-                h, residual = kernels.add_rmsnorm(mlp_out, residual, w.input_norm, eps)
-            qkv = kernels.matmul(h, w.qkv_w, w.qkv_b)
+                qkv, residual = kernels.add_rmsnorm_matmul(mlp_out, residual, w.input_norm, w.qkv_w, w.qkv_b, eps)
             a = attend(i, qkv) if raw_qkv else attend(i, *self._qkv(qkv, pos))
-            h, residual = kernels.add_rmsnorm(kernels.matmul(a.view(a.shape[0], -1), w.o_w), residual,
-                                              w.post_norm, eps)
-            mlp_out = kernels.matmul(kernels.swiglu(h, w.gate_w, w.up_w, None, None, c.hidden_act), w.down_w)
+            g, residual = kernels.add_rmsnorm_swiglu(kernels.matmul(a.view(a.shape[0], -1), w.o_w), residual,
+                                                     w.post_norm, w.gate_w, w.up_w, eps, c.hidden_act)
+            mlp_out = kernels.matmul(g, w.down_w)
         return kernels.add_rmsnorm(mlp_out, residual, self.norm, eps)[0]     # (a config has >= 1 layer)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
