@@ -1,17 +1,17 @@
-"""Exploration: a decode step with each norm fused into the matrix-vector product after it, or not.
+"""Exploration: a decode step with its norms (and RoPE) fused into the matrix-vector products, or not.
 
     python bench/explore_norm_gemv.py [--steps 40] [--rounds 3]
 
 Qwen2-1.5B shape, random weights, bf16, batch 1, prompt 128. For each setting the decode step is
 captured in a CUDA graph (models/decode_graph.py) and replayed; the step's time (CUDA events over
 --steps replays) is printed per round, settings taking turns so that drift hits them alike:
-  two ops      kernels.add_rmsnorm then the matrix-vector product (kernels.gemm.NORM_GEMV off)
-  fused        add_rmsnorm_matmul / add_rmsnorm_swiglu in one launch each (the default)
-  fused, A / B rows   the fused calls' programs with A (qkv) and B (the MLP's gated product)
-               weight rows each (the plain matrix-vector products keep 4)
-  qkv only     the attention's norm fused, the MLP's not
-  and a few other tiles of the fused calls (columns a step, warps, stages), and the plain
-  matrix-vector products at 8 rows
+  two ops               add_rmsnorm, the matrix-vector product, rope_into_cache (kernels.gemm.NORM_GEMV off)
+  norms fused, N rows   add_rmsnorm_matmul / add_rmsnorm_swiglu, one launch each, N weight rows a
+                        program (8 is _gemv_config's for them; session 16 also swept 16 and 32 rows,
+                        512 columns, 8 warps, 4 stages: all slower)
+  qkv norm only         the attention's norm fused, the MLP's not
+  + rope, cache write   add_rmsnorm_qkv_rope: RoPE and the cache write in the qkv product's epilogue
+                        too (the default)
 """
 from __future__ import annotations
 
@@ -41,17 +41,14 @@ def main():
     # name: (which calls are fused, tile changes for the fused qkv call, for the fused MLP call,
     # for the plain matrix-vector products)
     r8 = dict(BLOCK_N=8)
+    off = dict(matmul=False, swiglu=False, qkv_rope=False)
+    norms = dict(matmul=True, swiglu=True, qkv_rope=False)
     settings = {
-        "two ops": (dict(matmul=False, swiglu=False), {}, {}, {}),
-        "fused, 4 / 4 rows": (dict(matmul=True, swiglu=True), {}, {}, {}),
-        "fused, 8 / 8 rows": (dict(matmul=True, swiglu=True), r8, r8, {}),
-        "fused, 8 / 16 rows": (dict(matmul=True, swiglu=True), r8, dict(BLOCK_N=16), {}),
-        "qkv only, 8 rows": (dict(matmul=True, swiglu=False), r8, {}, {}),
-        "8 / 8, MLP K 512": (dict(matmul=True, swiglu=True), r8, dict(r8, BLOCK_K=512), {}),
-        "8 / 8, MLP 8 warps": (dict(matmul=True, swiglu=True), r8, dict(r8, num_warps=8), {}),
-        "8 / 8, qkv K 256": (dict(matmul=True, swiglu=True), dict(r8, BLOCK_K=256), r8, {}),
-        "8 / 8, 4 stages": (dict(matmul=True, swiglu=True), dict(r8, STAGES=4), dict(r8, STAGES=4), {}),
-        "8 / 8, plain 8 rows": (dict(matmul=True, swiglu=True), r8, r8, r8),
+        "two ops": (off, {}, {}, {}),
+        "norms fused, 4 rows": (norms, {}, {}, {}),
+        "norms fused, 8 rows": (norms, r8, r8, {}),
+        "qkv norm only": (dict(off, matmul=True), r8, {}, {}),
+        "+ rope, cache write": (dict(norms, qkv_rope=True), r8, r8, {}),
     }
     model = random_model(QWEN2_1_5B)
     prompts = torch.randint(0, QWEN2_1_5B["vocab_size"], (1, 128), device="cuda")

@@ -35,6 +35,7 @@ SwiGLUFunction wraps both passes.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -45,9 +46,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels._device import (activate, gemm_tile, grouped_tile, launch_next_kernel, rounded_for, times_activation_grad,
                              wait_for_previous_kernel, widened)
 from kernels._launch import (allocate, cdiv, check_same_device, check_same_dtype, check_shape, check_tensor,
-                             interpreting, new_out, next_power_of_2, pdl_launch, sm_count)
+                             error_word, interpreting, new_out, next_power_of_2, pdl_launch, report_errors, sm_count)
 from kernels._reduce import partials, sum_row_groups
 from kernels._variants import by_alignment
+from kernels.rope import _inv_freq, _sincos, _turn, cache_slot, check_cache_write, position_problems
 
 ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "relu")
 GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -121,26 +123,19 @@ def _norm_input(x_ptrs, r_ptrs, k_ok, HAS_RES: tl.constexpr, EVEN_K: tl.constexp
 
 
 @triton.jit
-def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, r_ptr, n_ptr, u_ptr, N, K, sak, swn, swk, sw2n, sw2k,
-                 sb, sb2, srk, snk, eps,
-                 ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS2: tl.constexpr, GATED: tl.constexpr,
-                 NORM: tl.constexpr, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
-    """y[cols] = act(a w^T + b) (GATED: times a w2^T + b2) for one row a [K]: the matrix-vector
-    product of a decode step on the CUDA cores. BLOCK_N weight rows a program, BLOCK_K columns a
-    step, each product exact in fp32 and summed elementwise into a [BLOCK_N, BLOCK_K] fp32
-    accumulator, one row sum at the end; no tl.dot, the loop's loads pipelined STAGES deep
-    (asynchronous copies through shared memory on the GPU).
+def _gemv_products(a_ptr, w_ptr, w2_ptr, r_ptr, n_ptr, u_ptr, rn, K, sak, swn, swk, sw2n, sw2k, srk, snk, eps,
+                   store_u, GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """The row sums (z, z2) of weight rows rn [BLOCK_N] (int64) times one row a [K] (GATED: of both
+    weights; else z2 is z): BLOCK_K columns a step, each product exact in fp32 and summed
+    elementwise into a [BLOCK_N, BLOCK_K] fp32 accumulator, one row sum at the end; no tl.dot, the
+    loop's loads pipelined STAGES deep (asynchronous copies through shared memory on the GPU).
 
-    NORM (add_rmsnorm_matmul, add_rmsnorm_swiglu): the row multiplied is rmsnorm(u) n, u = a + r
-    rounded to a's dtype (HAS_RES) or a, made here rather than by a norm kernel launched before,
-    in the same single pass: each program multiplies u n (fp32) into its accumulators while it
-    sums u^2, and scales its row sums by rstd at the end. The normalised row is never rounded to
-    the dtype (the two ops round it: one rounding fewer here). Program 0 writes u."""
-    wait_for_previous_kernel(PDL)
-    pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn = (cols % N).to(tl.int64)        # rows past N wrap onto valid ones (never stored)
+    NORM: the row multiplied is rmsnorm(u) n, u = a + r rounded to a's dtype (HAS_RES) or a,
+    made here rather than by a norm kernel launched before, in the same single pass: u n (fp32)
+    is multiplied in while u^2 is summed, and the row sums are scaled by rstd at the end. The
+    normalised row is never rounded to the dtype (the two ops round it: one rounding fewer
+    here). u is written where store_u (one program)."""
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_k * sak
     r_ptrs = r_ptr + offs_k * srk
@@ -158,7 +153,7 @@ def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, r_ptr, n_ptr, u_ptr
         if NORM:
             u = _norm_input(a_ptrs, r_ptrs, k_ok, HAS_RES, EVEN_K)
             if HAS_RES:
-                tl.store(u_ptrs, u, mask=k_ok & (offs_k * 0 + pid == 0))
+                tl.store(u_ptrs, u, mask=k_ok & (offs_k * 0 + store_u != 0))
             u = u.to(tl.float32)
             sum_sq += u * u
             a = u * _gemv_load(n_ptrs, k_ok, EVEN_K).to(tl.float32)
@@ -179,18 +174,37 @@ def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, r_ptr, n_ptr, u_ptr
         n_ptrs += BLOCK_K * snk
         u_ptrs += BLOCK_K
         w_ptrs += BLOCK_K * swk
-    launch_next_kernel(PDL)
-    y = tl.sum(acc, axis=1)
+    z = tl.sum(acc, axis=1)
+    z2 = z
+    if GATED:
+        z2 = tl.sum(acc2, axis=1)
     if NORM:
         rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)       # as _add_rmsnorm_kernel's, summed in another order
-        y = y * rstd
+        z = z * rstd
+        z2 = z2 * rstd
+    return z, z2
+
+
+@triton.jit
+def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, r_ptr, n_ptr, u_ptr, N, K, sak, swn, swk, sw2n, sw2k,
+                 sb, sb2, srk, snk, eps,
+                 ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS2: tl.constexpr, GATED: tl.constexpr,
+                 NORM: tl.constexpr, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    """y[cols] = act(a w^T + b) (GATED: times a w2^T + b2) for one row a [K]: the matrix-vector
+    product of a decode step on the CUDA cores, BLOCK_N weight rows a program (_gemv_products;
+    NORM: a normalised there first, add_rmsnorm_matmul / add_rmsnorm_swiglu, program 0 writing u)."""
+    wait_for_previous_kernel(PDL)
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = (cols % N).to(tl.int64)        # rows past N wrap onto valid ones (never stored)
+    y, y2 = _gemv_products(a_ptr, w_ptr, w2_ptr, r_ptr, n_ptr, u_ptr, rn, K, sak, swn, swk, sw2n, sw2k, srk, snk, eps,
+                           pid == 0, GATED, NORM, HAS_RES, EVEN_K, BLOCK_N, BLOCK_K, STAGES)
+    launch_next_kernel(PDL)
     if HAS_BIAS:
         y += tl.load(b_ptr + rn * sb).to(tl.float32)
     y = activate(y, ACT)
     if GATED:
-        y2 = tl.sum(acc2, axis=1)
-        if NORM:
-            y2 = y2 * rstd
         if HAS_BIAS2:
             y2 += tl.load(b2_ptr + rn * sb2).to(tl.float32)
         y = y * y2
@@ -200,6 +214,58 @@ def _gemv_kernel(a_ptr, w_ptr, w2_ptr, b_ptr, b2_ptr, y_ptr, r_ptr, n_ptr, u_ptr
 _gemv_kernel = by_alignment(
     _gemv_kernel, a="a_ptr sak K", w="w_ptr swn swk K", w2="w2_ptr sw2n sw2k K", b="b_ptr sb", b2="b2_ptr sb2",
     y="y_ptr N", r="r_ptr srk", n="n_ptr snk", u="u_ptr")
+
+
+@triton.jit
+def _qkv_rope_kernel(x_ptr, r_ptr, n_ptr, u_ptr, w_ptr, b_ptr, pos_ptr, inv_freq_ptr, q_ptr, kc_ptr, vc_ptr,
+                     table_ptr, err_ptr, K, sxk, srk, snk, swn, swk, sb, eps, Hq, Hkv, D, capacity, block_size,
+                     num_blocks, sk0, sk1, sk2, sv0, sv1, sv2, st_b, st_p,
+                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PAGED: tl.constexpr, EVEN_K: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    """add_rmsnorm_qkv_rope for one token: the qkv projection of rmsnorm(x + r) (_gemv_products,
+    NORM), then rope_into_cache's work on it. A program takes BLOCK_N / 2 rotary pairs of one head,
+    rows j .. j + BLOCK_N / 2 - 1 and their partners D / 2 further, so that it holds both halves
+    of each pair: it rounds them as the qkv row would be stored, turns q and k heads (rope()'s
+    angles and products) and writes q, or k and v into the token's cache slot (cache_slot's
+    checks: a bad position or page writes nothing and sets the error word). Program 0 writes u."""
+    wait_for_previous_kernel(PDL)
+    HALF_ROWS: tl.constexpr = BLOCK_N // 2
+    pid = tl.program_id(0)
+    half = D // 2
+    head = pid // (half // HALF_ROWS)
+    j = (pid % (half // HALF_ROWS)) * HALF_ROWS
+    r = tl.arange(0, BLOCK_N)
+    rn = (head * D + tl.where(r < HALF_ROWS, j + r, half + j + r - HALF_ROWS)).to(tl.int64)
+    y, _ = _gemv_products(x_ptr, w_ptr, w_ptr, r_ptr, n_ptr, u_ptr, rn, K, sxk, swn, swk, 0, 0, srk, snk, eps,
+                          pid == 0, False, True, HAS_RES, EVEN_K, BLOCK_N, BLOCK_K, STAGES)
+    launch_next_kernel(PDL)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn * sb).to(tl.float32)
+    y = rounded_for(y, q_ptr).to(tl.float32)            # the qkv row as add_rmsnorm_matmul would store it
+    xa, xb = tl.split(tl.permute(tl.reshape(y, (2, HALF_ROWS)), (1, 0)))
+    pos, row, slot, slot_ok = cache_slot(pos_ptr, (pid * 0).to(tl.int64), table_ptr, st_b, st_p, capacity, block_size, num_blocks,
+                                         err_ptr, PAGED)
+    i = j + tl.arange(0, HALF_ROWS)
+    ty = q_ptr.dtype.element_ty
+    if head < Hq + Hkv:                                  # q and k heads turn, v heads pass through
+        sin, cos = _sincos(pos.to(tl.float64) * tl.load(inv_freq_ptr + i))
+        xa, xb = _turn(xa, xb, cos, sin)
+    if head < Hq:
+        dst = q_ptr + head * D + i
+        tl.store(dst, xa.to(ty))
+        tl.store(dst + half, xb.to(ty))
+    else:
+        writes = (i * 0 + slot_ok.to(tl.int32)) != 0         # (a vector: the interpreter's masks)
+        if head < Hq + Hkv:
+            dst = kc_ptr + row * sk0 + slot * sk1 + (head - Hq).to(tl.int64) * sk2 + i
+        else:
+            dst = vc_ptr + row * sv0 + slot * sv1 + (head - Hq - Hkv).to(tl.int64) * sv2 + i
+        tl.store(dst, xa.to(ty), mask=writes)
+        tl.store(dst + half, xb.to(ty), mask=writes)
+
+
+_qkv_rope_kernel = by_alignment(
+    _qkv_rope_kernel, x="x_ptr sxk K", r="r_ptr srk", n="n_ptr snk", w="w_ptr swn swk K", b="b_ptr sb")
 
 
 @triton.jit
@@ -596,12 +662,9 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, b_gate: to
 # A decode step's norm and the projection after it, in one launch
 # ---------------------------------------------------------------------------------------------
 
-def _norm_then(x, residual, norm_w, eps, weights, biases, activation, gated):
-    """(y, u): the projection of rmsnorm(u) norm_w, u = x + residual rounded (or x when residual
-    is None). One row of a 16-bit dtype: one _gemv_kernel launch that normalises the row itself,
-    without rounding it. Otherwise the two ops, kernels.add_rmsnorm (or rmsnorm) then matmul /
-    swiglu."""
-    from kernels.norms import _check_rows, add_rmsnorm, rmsnorm       # (norms never imports this module)
+def _check_norm(x, residual, norm_w, eps):
+    """add_rmsnorm's checks (norm_w for its weight); returns eps."""
+    from kernels.norms import _check_rows       # (norms never imports this module)
 
     eps = _check_rows(x, norm_w, eps, "norm_w")
     if residual is not None:
@@ -609,6 +672,24 @@ def _norm_then(x, residual, norm_w, eps, weights, biases, activation, gated):
         check_shape("residual", residual, x.shape)
     check_same_device(x=x, residual=residual, norm_w=norm_w)
     check_same_dtype(x=x, residual=residual, norm_w=norm_w)
+    return eps
+
+
+def _two_ops_norm(x, residual, norm_w, eps):
+    """(h, u) of the two-op path: add_rmsnorm, or rmsnorm and u = x."""
+    from kernels.norms import add_rmsnorm, rmsnorm
+
+    if residual is None:
+        return rmsnorm(x, norm_w, eps), x
+    return add_rmsnorm(x, residual, norm_w, eps)
+
+
+def _norm_then(x, residual, norm_w, eps, weights, biases, activation, gated):
+    """(y, u): the projection of rmsnorm(u) norm_w, u = x + residual rounded (or x when residual
+    is None). One row of a 16-bit dtype: one _gemv_kernel launch that normalises the row itself,
+    without rounding it. Otherwise the two ops, kernels.add_rmsnorm (or rmsnorm) then matmul /
+    swiglu."""
+    eps = _check_norm(x, residual, norm_w, eps)
     x2 = _rows("x", x)
     K = x.shape[-1]
     if gated:
@@ -622,10 +703,7 @@ def _norm_then(x, residual, norm_w, eps, weights, biases, activation, gated):
         N = weights[0].shape[0]
     fused = NORM_GEMV["swiglu" if gated else "matmul"] and gemv_route(x2.shape[0], x.dtype, False)
     if not (fused and K > 0 and N > 0):
-        if residual is None:
-            h, u = rmsnorm(x, norm_w, eps), x
-        else:
-            h, u = add_rmsnorm(x, residual, norm_w, eps)
+        h, u = _two_ops_norm(x, residual, norm_w, eps)
         y = swiglu(h, *weights, *biases, activation) if gated else matmul(h, weights[0], biases[0], activation)
         return y, u
     y = new_out(None, (*x.shape[:-1], N), x.dtype, x.device)
@@ -637,8 +715,8 @@ def _norm_then(x, residual, norm_w, eps, weights, biases, activation, gated):
 
 
 _GEMV_BLOCK_K_MAX = 1024        # _gemv_config's widest step
-# Which one-row calls take the fused kernel (bench/explore_norm_gemv.py turns them off to time the two ops).
-NORM_GEMV = dict(matmul=True, swiglu=True)
+# Which one-row calls take the fused kernels (bench/explore_norm_gemv.py turns them off to time the two ops).
+NORM_GEMV = dict(matmul=True, swiglu=True, qkv_rope=True)
 
 
 def add_rmsnorm_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, w: torch.Tensor,
@@ -658,6 +736,54 @@ def add_rmsnorm_swiglu(x: torch.Tensor, residual: torch.Tensor | None, norm_w: t
     """(swiglu(h, w_gate, w_up, activation=activation), u) for (h, u) as add_rmsnorm_matmul's: the
     MLP's norm and its gated projection, one launch for one 16-bit row."""
     return _norm_then(x, residual, norm_w, eps, [w_gate, w_up], (None, None), activation, True)
+
+
+def add_rmsnorm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, w_qkv: torch.Tensor,
+                         b_qkv: torch.Tensor | None, positions: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, q_heads: int, theta: float = 10000.0, eps: float = 1e-6, *,
+                         block_table: torch.Tensor | None = None,
+                         validate: bool | str = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's attention prologue for one token per cache row: (q, u) where
+    qkv, u = add_rmsnorm_matmul(x, residual, norm_w, w_qkv, b_qkv, eps) and
+    q = rope_into_cache(qkv, positions, k_cache, v_cache, q_heads, theta, block_table=...,
+    validate=...) (k turned and v stored in the cache). x [N, K]; w_qkv [(q_heads + 2 Hkv) D, K].
+    One token of fp16 / bf16 (a decode step at batch 1) with D / 2 a multiple of 4 is one launch
+    (_qkv_rope_kernel), the same numbers as those two calls (qkv rounded to the dtype before it
+    turns); anything else runs them."""
+    eps = _check_norm(x, residual, norm_w, eps)
+    check_tensor("x", x, ndim=2)
+    K = x.shape[1]
+    _check_weight("w_qkv", w_qkv, K)
+    _check_bias("b_qkv", b_qkv, w_qkv.shape[0])
+    check_same_dtype(x=x, w_qkv=w_qkv, b_qkv=b_qkv, k_cache=k_cache, v_cache=v_cache)
+    check_same_device(x=x, w_qkv=w_qkv, b_qkv=b_qkv, positions=positions, k_cache=k_cache, v_cache=v_cache,
+                      block_table=block_table)
+    N = x.shape[0]
+    theta, Hkv, D, capacity, block_size, st_b, st_p, num_blocks = check_cache_write(
+        "w_qkv", w_qkv.shape[0], N, positions, k_cache, v_cache, q_heads, theta, block_table, validate)
+    cfg = _gemv_config(K, False, True)
+    half_rows = cfg["BLOCK_N"] // 2
+    if not (NORM_GEMV["qkv_rope"] and gemv_route(N, x.dtype, False) and K > 0 and (D // 2) % half_rows == 0):
+        from kernels.rope import rope_into_cache
+
+        qkv, u = add_rmsnorm_matmul(x, residual, norm_w, w_qkv, b_qkv, eps)
+        return rope_into_cache(qkv, positions, k_cache, v_cache, q_heads, theta, block_table=block_table,
+                               validate=validate), u
+    q = torch.empty((N, q_heads, D), dtype=x.dtype, device=x.device)
+    u = new_out(None, x.shape, x.dtype, x.device) if residual is not None else x
+    x, w = _fit_strides(x, cfg["BLOCK_K"]), _fit_strides(w_qkv, cfg["BLOCK_K"])
+    r = _fit_strides(residual, cfg["BLOCK_K"]) if residual is not None else x
+    n = norm_w if _GEMV_BLOCK_K_MAX * abs(norm_w.stride(0)) < 2**31 else norm_w.contiguous()
+    word = error_word(x.device, validate)
+    _qkv_rope_kernel[((q_heads + 2 * Hkv) * (D // 2) // half_rows,)](
+        x, r, n, u, w, b_qkv if b_qkv is not None else w, positions, _inv_freq(theta, D, x.device), q, k_cache,
+        v_cache, block_table if block_table is not None else positions, word, K, x.stride(1), r.stride(1),
+        n.stride(0), w.stride(0), w.stride(1), b_qkv.stride(0) if b_qkv is not None else 0, eps, q_heads, Hkv, D,
+        capacity, block_size, num_blocks, *k_cache.stride()[:3], *v_cache.stride()[:3], st_b, st_p,
+        HAS_BIAS=b_qkv is not None, HAS_RES=residual is not None, PAGED=block_table is not None,
+        EVEN_K=K % cfg["BLOCK_K"] == 0, **cfg, **pdl_launch(x.device))
+    report_errors(word, validate, "add_rmsnorm_qkv_rope", functools.partial(position_problems, capacity, num_blocks))
+    return q, u
 
 
 # ---------------------------------------------------------------------------------------------

@@ -238,6 +238,26 @@ def rope_backward(dy: torch.Tensor, positions: torch.Tensor, theta: float = 1000
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
+def cache_slot(pos_ptr, n, table_ptr, st_b, st_p, capacity, block_size, num_blocks, err_ptr, PAGED: tl.constexpr):
+    """(position, cache row, slot, whether to write) of token n (int64), the token of cache row n: a
+    position outside [0, capacity) ORs 1 into the error word, a page index outside [0, num_blocks)
+    for a good position ORs 2; either writes nothing (and is never an address)."""
+    pos = tl.load(pos_ptr + n).to(tl.int64)
+    slot_ok = (pos >= 0) & (pos < capacity)
+    if (pos < 0) | (pos >= capacity):
+        tl.atomic_or(err_ptr, 1)
+    if PAGED:
+        page = tl.load(table_ptr + n * st_b + tl.where(slot_ok, pos // block_size, 0) * st_p).to(tl.int64)
+        if slot_ok & ((page < 0) | (page >= num_blocks)):
+            tl.atomic_or(err_ptr, 2)
+        slot_ok = slot_ok & (page >= 0) & (page < num_blocks)
+        row, slot = page, pos % block_size
+    else:
+        row, slot = n, pos
+    return pos, row, slot, slot_ok
+
+
+@triton.jit
 def _rope_into_cache_kernel(qkv_ptr, pos_ptr, inv_freq_ptr, q_ptr, kc_ptr, vc_ptr, table_ptr, err_ptr,
                             Hq, Hkv, D, half, capacity, block_size, num_blocks, s_tok,
                             sk0, sk1, sk2, sv0, sv1, sv2, st_b, st_p,
@@ -251,19 +271,8 @@ def _rope_into_cache_kernel(qkv_ptr, pos_ptr, inv_freq_ptr, q_ptr, kc_ptr, vc_pt
     2 into the error word (never an address)."""
     wait_for_previous_kernel(PDL)
     n = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + n).to(tl.int64)
-    slot_ok = (pos >= 0) & (pos < capacity)
-    if (pos < 0) | (pos >= capacity):
-        tl.atomic_or(err_ptr, 1)
-    if PAGED:
-        page = tl.load(table_ptr + n * st_b + tl.where(slot_ok, pos // block_size, 0) * st_p).to(tl.int64)
-        if slot_ok & ((page < 0) | (page >= num_blocks)):
-            tl.atomic_or(err_ptr, 2)
-        slot_ok = slot_ok & (page >= 0) & (page < num_blocks)
-        row, slot = page, pos % block_size
-    else:
-        row, slot = n, pos
-
+    pos, row, slot, slot_ok = cache_slot(pos_ptr, n, table_ptr, st_b, st_p, capacity, block_size, num_blocks,
+                                         err_ptr, PAGED)
     i = tl.arange(0, BLOCK_HALF)
     i_ok = i < half
     sin, cos = _sincos(pos.to(tl.float64) * tl.load(inv_freq_ptr + i, mask=i_ok, other=0.0))
@@ -294,7 +303,40 @@ def _rope_into_cache_kernel(qkv_ptr, pos_ptr, inv_freq_ptr, q_ptr, kc_ptr, vc_pt
     tl.store(v_dst + half + i[None, :], yb.to(ty), mask=mask & is_v)
 
 
-def _position_problems(capacity, num_blocks, value):
+def check_cache_write(name, columns, N, positions, k_cache, v_cache, q_heads, theta, block_table, validate):
+    """The checks of a decode step's cache write for N tokens whose projections have `columns`
+    columns (argument `name`): (theta, Hkv, D, capacity, block_size, the table's strides, num_blocks)."""
+    check_tensor("positions", positions, dtypes=_INT_DTYPES, ndim=1)
+    check_tensor("k_cache", k_cache, ndim=4)
+    check_tensor("v_cache", v_cache, ndim=4)
+    check_validate(validate)
+    theta = check_finite("theta", theta, positive=True)
+    _, slots, Hkv, D = k_cache.shape
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    if D < 2 or D % 2:
+        raise ValueError(f"k_cache: expected an even head dim >= 2, got {D}")
+    if isinstance(q_heads, bool) or not isinstance(q_heads, int) or q_heads < 1:
+        raise ValueError(f"q_heads: expected an int >= 1, got {q_heads!r}")
+    if columns != (q_heads + 2 * Hkv) * D:
+        raise ValueError(f"{name}: expected {(q_heads + 2 * Hkv) * D} columns ((q_heads {q_heads} + 2 x {Hkv} kv heads) "
+                         f"x head dim {D}), got {columns}")
+    if positions.shape[0] != N:
+        raise ValueError(f"positions: expected {N} entries (one per token), got {positions.shape[0]}")
+    if block_table is not None:
+        check_tensor("block_table", block_table, dtypes=_INT_DTYPES, ndim=2)
+        if block_table.shape[0] != N:
+            raise ValueError(f"block_table: expected {N} rows (one per token), got {block_table.shape[0]}")
+        capacity, block_size = block_table.shape[1] * slots, slots
+        st_b, st_p = block_table.stride()
+    else:
+        if k_cache.shape[0] < N:
+            raise ValueError(f"k_cache: expected >= {N} rows (one per token), got {k_cache.shape[0]}")
+        capacity, block_size, st_b, st_p = slots, 1, 0, 0
+    return theta, Hkv, D, capacity, block_size, st_b, st_p, k_cache.shape[0]
+
+
+def position_problems(capacity, num_blocks, value):
     found = []
     if value & 1:
         found.append(("positions", f"expected positions in [0, {capacity}) (the cache's capacity)"))
@@ -316,39 +358,13 @@ def rope_into_cache(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.T
     validate as decode_attention's: a position outside the capacity or a page index outside the
     pool writes nothing (True: ValueError naming the argument; "deferred"; False: silent)."""
     check_tensor("qkv", qkv, ndim=2)
-    check_tensor("positions", positions, dtypes=_INT_DTYPES, ndim=1)
-    check_tensor("k_cache", k_cache, ndim=4)
-    check_tensor("v_cache", v_cache, ndim=4)
     check_same_dtype(qkv=qkv, k_cache=k_cache, v_cache=v_cache)
     check_same_device(qkv=qkv, positions=positions, k_cache=k_cache, v_cache=v_cache, block_table=block_table)
-    check_validate(validate)
-    theta = check_finite("theta", theta, positive=True)
     N = qkv.shape[0]
-    _, slots, Hkv, D = k_cache.shape
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
-    if D < 2 or D % 2:
-        raise ValueError(f"k_cache: expected an even head dim >= 2, got {D}")
-    if isinstance(q_heads, bool) or not isinstance(q_heads, int) or q_heads < 1:
-        raise ValueError(f"q_heads: expected an int >= 1, got {q_heads!r}")
-    if qkv.shape[1] != (q_heads + 2 * Hkv) * D:
-        raise ValueError(f"qkv: expected {(q_heads + 2 * Hkv) * D} columns ((q_heads {q_heads} + 2 x {Hkv} kv heads) x "
-                         f"head dim {D}), got {qkv.shape[1]}")
-    if positions.shape[0] != N:
-        raise ValueError(f"positions: expected {N} entries (one per row of qkv), got {positions.shape[0]}")
+    theta, Hkv, D, capacity, block_size, st_b, st_p, num_blocks = check_cache_write(
+        "qkv", qkv.shape[1], N, positions, k_cache, v_cache, q_heads, theta, block_table, validate)
     if qkv.stride(1) != 1:
         qkv = qkv.contiguous()
-    if block_table is not None:
-        check_tensor("block_table", block_table, dtypes=_INT_DTYPES, ndim=2)
-        if block_table.shape[0] != N:
-            raise ValueError(f"block_table: expected {N} rows (one per row of qkv), got {block_table.shape[0]}")
-        capacity, block_size = block_table.shape[1] * slots, slots
-        st_b, st_p = block_table.stride()
-    else:
-        if k_cache.shape[0] < N:
-            raise ValueError(f"k_cache: expected >= {N} rows (one per row of qkv), got {k_cache.shape[0]}")
-        capacity, block_size, st_b, st_p = slots, 1, 0, 0
-    num_blocks = k_cache.shape[0]
     q = torch.empty((N, q_heads, D), dtype=qkv.dtype, device=qkv.device)
     if N == 0:
         return q
@@ -360,7 +376,7 @@ def rope_into_cache(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.T
         num_blocks, qkv.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], st_b, st_p,
         PAGED=block_table is not None, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=num_warps,
         **pdl_launch(qkv.device))
-    report_errors(word, validate, "rope_into_cache", functools.partial(_position_problems, capacity, num_blocks))
+    report_errors(word, validate, "rope_into_cache", functools.partial(position_problems, capacity, num_blocks))
     return q
 
 

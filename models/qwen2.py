@@ -94,11 +94,12 @@ class Qwen2Decoder:
         v = qkv[:, c.q_size + c.kv_size:].view(N, c.num_key_value_heads, D)
         return qk[0, :, :Hq], qk[0, :, Hq:], v
 
-    def _layers(self, x: torch.Tensor, positions: torch.Tensor, attend, *, raw_qkv: bool = False) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor, attend, *, decode_qkv=None) -> torch.Tensor:
         """The decoder layers on hidden states x [N, H] at positions [N] (int64); attend(layer,
-        q [N, Hq, D], k and v [N, Hkv, D]) -> [N, Hq, D], or with raw_qkv attend(layer, qkv) on the
-        projections before RoPE (decode: RoPE and the cache write are one kernel). Returns the
-        final normed hidden states."""
+        q [N, Hq, D], k and v [N, Hkv, D]) -> [N, Hq, D]. With decode_qkv(layer, x, residual, w) ->
+        (q, u) (decode: the norm, the qkv projection, RoPE and the cache write in one call,
+        residual None at the first layer), attend(layer, q) instead. Returns the final normed
+        hidden states."""
         c = self.config
         eps = c.rms_norm_eps
         pos = positions.view(1, -1)
@@ -106,11 +107,13 @@ class Qwen2Decoder:
         for i, w in enumerate(self.layers):
             # Each norm and the projection after it: one launch for a decode step at batch 1
             # (the matrix-vector kernel normalises its row itself), the two ops otherwise.
-            if mlp_out is None:
-                qkv, residual = kernels.add_rmsnorm_matmul(residual, None, w.input_norm, w.qkv_w, w.qkv_b, eps)
+            inp, res = (residual, None) if mlp_out is None else (mlp_out, residual)
+            if decode_qkv is not None:
+                q, residual = decode_qkv(i, inp, res, w)
+                a = attend(i, q)
             else:
-                qkv, residual = kernels.add_rmsnorm_matmul(mlp_out, residual, w.input_norm, w.qkv_w, w.qkv_b, eps)
-            a = attend(i, qkv) if raw_qkv else attend(i, *self._qkv(qkv, pos))
+                qkv, residual = kernels.add_rmsnorm_matmul(inp, res, w.input_norm, w.qkv_w, w.qkv_b, eps)
+                a = attend(i, *self._qkv(qkv, pos))
             g, residual = kernels.add_rmsnorm_swiglu(kernels.matmul(a.view(a.shape[0], -1), w.o_w), residual,
                                                      w.post_norm, w.gate_w, w.up_w, eps, c.hidden_act)
             mlp_out = kernels.matmul(g, w.down_w)
@@ -192,18 +195,22 @@ class Qwen2Decoder:
         the cache, and it ends by advancing cache.seqlens in place, so a CUDA graph can capture
         it once and replay it every step (models/decode_graph.py). The caller reserves room
         first and advances the host lengths after."""
-        positions = cache.seqlens.long()
+        positions = cache.seqlens          # (int32: the kernels take it as it is, no conversion launched)
         seqlens = cache.seqlens + 1
         c = self.config
 
-        def attend(i, qkv):
+        def decode_qkv(i, x, residual, w):
             # row b's token at position seqlens[b]: q turned, k turned and v stored in the cache
             k_cache, v_cache, table = cache.view(i)
-            q = kernels.rope_into_cache(qkv, positions, k_cache, v_cache, c.num_attention_heads, c.rope_theta,
-                                        block_table=table, validate=False)
+            return kernels.add_rmsnorm_qkv_rope(x, residual, w.input_norm, w.qkv_w, w.qkv_b, positions, k_cache,
+                                                v_cache, c.num_attention_heads, c.rope_theta, c.rms_norm_eps,
+                                                block_table=table, validate=False)
+
+        def attend(i, q):
+            k_cache, v_cache, table = cache.view(i)
             return kernels.decode_attention(q, k_cache, v_cache, seqlens, block_table=table, validate=False)
 
         x = kernels.embedding(tokens, self.embed, validate=False)
-        h = self._layers(x, positions, attend, raw_qkv=True)
+        h = self._layers(x, positions, attend, decode_qkv=decode_qkv)
         cache.seqlens.copy_(seqlens)
         return self.logits(h)

@@ -49,7 +49,7 @@ def test_every_pdl_kernel_waits_first_thing():
             "exit only (bench/NOTES.md, session 15)")
         found[fn.name] = file
     # the decode step's kernels (a renamed one would drop out of this test silently)
-    assert {"_gemv_kernel", "_rmsnorm_kernel", "_add_rmsnorm_kernel", "_rope_kernel", "_rope_into_cache_kernel",
+    assert {"_gemv_kernel", "_qkv_rope_kernel", "_rmsnorm_kernel", "_add_rmsnorm_kernel", "_rope_kernel", "_rope_into_cache_kernel",
             "_decode_kernel", "_decode_combine_kernel"} <= set(found), sorted(found)
 
 

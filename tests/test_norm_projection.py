@@ -1,6 +1,7 @@
 """add_rmsnorm_matmul / add_rmsnorm_swiglu: a decoder layer's norm and the projection after it
 (kernels/gemm.py), one launch for one 16-bit row, where the matrix-vector kernel normalises the
-row as it multiplies it.
+row as it multiplies it; add_rmsnorm_qkv_rope, the same for the qkv projection with RoPE and the
+KV-cache write of rope_into_cache in its epilogue (last part of this file).
 
 u (the residual stream) must be add_rmsnorm's to the bit. The fused y keeps the normalised row in
 fp32 (the two ops round it to the dtype), so it is judged against float64: rstd and the products
@@ -158,3 +159,96 @@ def test_norm_and_projection_name_a_bad_argument(backend, call, argument):
     x, r, n, (w,), _ = _inputs(backend.device, torch.bfloat16, 1, 32, 6, False, True, False, seed=1)
     with pytest.raises((ValueError, TypeError), match=f"^{argument}"):
         call(x, r, n, w)
+
+
+# ---------------------------------------------------------------------------------------------
+# add_rmsnorm_qkv_rope: the norm, the qkv projection, RoPE and the cache write
+# ---------------------------------------------------------------------------------------------
+
+def _qkv_case(dev, dtype, heads, K, block_size, residual, seed, capacity=24):
+    Hq, Hkv, D = heads
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(dev)
+
+    x, r = rand(1, K, scale=3.0), (rand(1, K) if residual else None)
+    norm_w, w = rand(K), rand((Hq + 2 * Hkv) * D, K, scale=K ** -0.5)
+    bias = rand((Hq + 2 * Hkv) * D)
+    positions = torch.tensor([capacity - 1 - seed % 3], device=dev)
+    if block_size is None:
+        shape, table = (2, capacity, Hkv, D), None
+    else:
+        pages = capacity // block_size
+        table = torch.randperm(pages + 2, generator=g)[:pages].view(1, pages).to(torch.int32).to(dev)
+        shape = (pages + 2, block_size, Hkv, D)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=dev)
+    return x, r, norm_w, w, bias, positions, k_cache, k_cache.clone(), table
+
+
+def _same(got, want):
+    return bool(((got == want) | (got.isnan() & want.isnan())).all())
+
+
+@pytest.mark.op("decoder")
+@pytest.mark.parametrize("value_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("heads, K", [((4, 2, 16), 64), ((3, 1, 80), 96), ((2, 2, 8), 1536), ((2, 1, 12), 40)],
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+@pytest.mark.parametrize("block_size", [None, 1, 8], ids=lambda b: "contiguous" if b is None else f"paged{b}")
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "first-layer"])
+def test_qkv_rope_is_the_two_calls_to_the_bit(backend, value_dtype, heads, K, block_size, residual):
+    """q, u and both caches equal add_rmsnorm_matmul then rope_into_cache (the second case's and the
+    last's head dims take those two calls themselves: D / 2 not a multiple of 4 in the last)."""
+    x, r, norm_w, w, bias, positions, k_cache, v_cache, table = _qkv_case(
+        backend.device, value_dtype, heads, K, block_size, residual, seed=K + heads[2])
+    qkv, want_u = kernels.add_rmsnorm_matmul(x, r, norm_w, w, bias, 1e-6)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_q = kernels.rope_into_cache(qkv, positions, want_k, want_v, heads[0], 1e6, block_table=table)
+    q, u = kernels.add_rmsnorm_qkv_rope(x, r, norm_w, w, bias, positions, k_cache, v_cache, heads[0], 1e6, 1e-6,
+                                        block_table=table)
+    for name, got, want in (("q", q, want_q), ("u", u, want_u), ("k_cache", k_cache, want_k),
+                            ("v_cache", v_cache, want_v)):
+        assert _same(got, want), (
+            f"add_rmsnorm_qkv_rope {value_dtype} heads {heads} K {K} block_size {block_size}: {name} differs from "
+            f"add_rmsnorm_matmul + rope_into_cache at {int((~((got == want) | (got.isnan() & want.isnan()))).sum())}"
+            f" elements")
+
+
+@pytest.mark.op("decoder")
+@pytest.mark.parametrize("bad", ["position-past-capacity", "negative-position", "page-past-pool"])
+def test_qkv_rope_writes_nothing_through_a_bad_index_and_names_it(backend, bad):
+    paged = bad == "page-past-pool"
+    x, r, norm_w, w, bias, positions, k_cache, v_cache, table = _qkv_case(
+        backend.device, torch.bfloat16, (4, 2, 16), 64, 8 if paged else None, True, seed=2)
+    if bad == "position-past-capacity":
+        positions[0] = 24
+    elif bad == "negative-position":
+        positions[0] = -1
+    else:
+        table[0, int(positions[0]) // 8] = 99
+    with pytest.raises(ValueError, match="^block_table: " if paged else "^positions: "):
+        kernels.add_rmsnorm_qkv_rope(x, r, norm_w, w, bias, positions, k_cache, v_cache, 4, block_table=table)
+    assert bool(k_cache.isnan().all()) and bool(v_cache.isnan().all()), f"{bad}: the cache was written"
+
+
+@pytest.mark.op("decoder")
+@pytest.mark.parametrize("change, argument", [
+    (dict(w=lambda w: w[:-16], bias=lambda b: b[:-16]), "w_qkv"),
+    (dict(q_heads=3), "w_qkv"),
+    (dict(q_heads=0), "q_heads"),
+    (dict(positions=lambda p: p.repeat(2)), "positions"),
+    (dict(bias=lambda b: b[:-1]), "b_qkv"),
+    (dict(theta=-1.0), "theta"),
+    (dict(v_cache=lambda v: v.half()), "v_cache"),
+    (dict(r=lambda r: r[:, :-1]), "residual"),
+], ids=["w_qkv-rows", "q_heads-mismatch", "q_heads", "positions-count", "b_qkv-shape", "theta", "v_cache-dtype",
+        "residual-shape"])
+def test_qkv_rope_names_a_bad_argument(backend, change, argument):
+    x, r, norm_w, w, bias, positions, k_cache, v_cache, table = _qkv_case(
+        backend.device, torch.bfloat16, (4, 2, 16), 64, None, True, seed=1)
+    args = dict(w=w, bias=bias, positions=positions, v_cache=v_cache, r=r, q_heads=4, theta=1e4)
+    for key, value in change.items():
+        args[key] = value(args[key]) if callable(value) else value
+    with pytest.raises((ValueError, TypeError), match=f"^{argument}"):
+        kernels.add_rmsnorm_qkv_rope(x, args["r"], norm_w, args["w"], args["bias"], args["positions"], k_cache,
+                                     args["v_cache"], args["q_heads"], args["theta"])

@@ -134,6 +134,13 @@ def _production_calls(dev, dtype=torch.float32):
     h = float_dtype if float_dtype != torch.float32 else torch.float16
     kernels.matmul(x[:1].to(h), wg.to(h), r(48, dtype=h))
     kernels.swiglu(x[:1].to(h), wg.to(h), wu.to(h))
+    # and with the norm before it, RoPE and the cache write after it (a decode step's layer)
+    xh, nh = x[:1].to(h), w.to(h)
+    kernels.add_rmsnorm_matmul(xh, r(1, D, dtype=h), nh, wg.to(h), r(48, dtype=h))
+    kernels.add_rmsnorm_swiglu(xh, r(1, D, dtype=h), nh, wg.to(h), wu.to(h))
+    kc = r(1, 8, 1, 16, dtype=h)
+    kernels.add_rmsnorm_qkv_rope(xh, r(1, D, dtype=h), nh, r(64, D, dtype=h), r(64, dtype=h),
+                                 torch.tensor([3], device=dev), kc, kc.clone(), 2)
     kernels.swiglu_backward(r(rows, 48), x, wg, wu, r(48), r(48))
     yield "fp8"
     kernels.quantize_fp8(x)                                  # per tensor: the amax pass first
