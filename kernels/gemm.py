@@ -243,7 +243,7 @@ def _qkv_rope_kernel(x_ptr, r_ptr, n_ptr, u_ptr, w_ptr, b_ptr, pos_ptr, inv_freq
         y += tl.load(b_ptr + rn * sb).to(tl.float32)
     y = rounded_for(y, q_ptr).to(tl.float32)            # the qkv row as add_rmsnorm_matmul would store it
     xa, xb = tl.split(tl.permute(tl.reshape(y, (2, HALF_ROWS)), (1, 0)))
-    pos, row, slot, slot_ok = cache_slot(pos_ptr, (pid * 0).to(tl.int64), table_ptr, st_b, st_p, capacity, block_size, num_blocks,
+    pos, row, slot, slot_ok = cache_slot(pos_ptr, 0, table_ptr, st_b, st_p, capacity, block_size, num_blocks,
                                          err_ptr, PAGED)
     i = j + tl.arange(0, HALF_ROWS)
     ty = q_ptr.dtype.element_ty

@@ -18,9 +18,11 @@ import torch
 import kernels
 
 UNIT = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
+# half the spacing of the dtype's subnormals: a rounding's absolute error below its normal range
+TINY = {torch.float16: 2.0 ** -25, torch.bfloat16: 2.0 ** -134, torch.float32: 2.0 ** -150}
 
 
-def _inputs(dev, dtype, M, K, N, gated, residual, strided, seed):
+def _inputs(dev, dtype, M, K, N, gated, residual, strided, seed, scale=3.0, norm_scale=1.0):
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=1.0):
@@ -31,9 +33,9 @@ def _inputs(dev, dtype, M, K, N, gated, residual, strided, seed):
             t = wide[..., ::2]
         return t.to(dev)
 
-    x = rand(M, K, scale=3.0)
-    r = rand(M, K) if residual else None
-    norm_w = rand(K)
+    x = rand(M, K, scale=scale)
+    r = rand(M, K, scale=scale / 3) if residual else None
+    norm_w = rand(K, scale=norm_scale)
     weights = [rand(N, K, scale=K ** -0.5) for _ in range(2 if gated else 1)]
     bias = None if gated else rand(N)
     return x, r, norm_w, weights, bias
@@ -65,17 +67,18 @@ def _allowed(u, norm_w, eps, weights, bias, activation, dtype):
     """Per column, how far the fused y may lie from float64 (_exact): each pre-activation z is an
     fp32 sum of K products scaled by an fp32 rstd, within (2 K 2^-24 + 2^-20) sum |w u n| rstd of
     its exact value (the sums in any order, rsqrt to a few ulps); the bias add and the activation
-    round in fp32; y is rounded once to the dtype (unit roundoff)."""
+    round in fp32; y is rounded once to the dtype (unit roundoff, or half a subnormal step below the
+    dtype's normal range: TINY)."""
     K = u.shape[-1]
     y, size, z = _exact(u, norm_w, eps, weights, bias, activation)
     err = [(2 * K * 2.0 ** -24 + 2.0 ** -20) * s for s in size]
     unit = UNIT[dtype]
     if len(weights) == 1:
-        return y, err[0] + (unit + 2.0 ** -22) * y.abs() + 2.0 ** -24 * err[0]
+        return y, err[0] + (unit + 2.0 ** -22) * y.abs() + 2.0 ** -24 * err[0] + TINY[dtype]
     act = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[activation](z[0])
     # act' <= 1.1 for silu and gelu
     spread = 1.1 * err[0] * (z[1].abs() + err[1]) + act.abs() * err[1]
-    return y, spread + (unit + 2.0 ** -21) * y.abs() + 2.0 ** -22 * (act.abs() * z[1].abs())
+    return y, spread + (unit + 2.0 ** -21) * y.abs() + 2.0 ** -22 * (act.abs() * z[1].abs()) + TINY[dtype]
 
 
 def _agree(got, want, allowed):
@@ -84,7 +87,7 @@ def _agree(got, want, allowed):
     return ~(diff <= allowed)
 
 
-CASES = [  # (M, K, N, gated, residual, strided)
+CASES = [  # (M, K, N, gated, residual, strided[, scale of x])
     (1, 1536, 40, False, True, False),
     (1, 1536, 22, True, True, False),
     (1, 1536, 13, False, False, False),
@@ -92,6 +95,10 @@ CASES = [  # (M, K, N, gated, residual, strided)
     (1, 2, 5, False, True, False),
     (1, 96, 7, True, False, True),
     (1, 260, 6, False, True, True),
+    # a residual stream past fp16's range and a norm weight in its subnormals (bf16 holds both), a
+    # row so small that eps counts
+    (1, 256, 12, True, True, False, 3e5, 1e-6),
+    (1, 128, 10, False, True, False, 1e-3),
     (3, 64, 10, False, True, False),
     (2, 48, 5, True, True, False),
 ]
@@ -99,11 +106,15 @@ CASES = [  # (M, K, N, gated, residual, strided)
 
 @pytest.mark.op("decoder")
 @pytest.mark.parametrize("value_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("M, K, N, gated, residual, strided", CASES,
-                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else None)
-def test_norm_and_projection_are_the_two_ops(backend, value_dtype, M, K, N, gated, residual, strided):
+@pytest.mark.parametrize("case", CASES, ids=lambda v: "x".join(map(str, v)))
+def test_norm_and_projection_are_the_two_ops(backend, value_dtype, case):
     dtype = value_dtype
-    x, r, norm_w, weights, bias = _inputs(backend.device, dtype, M, K, N, gated, residual, strided, seed=K + N)
+    M, K, N, gated, residual, strided, *scales = case
+    scales = (scales + [3.0, 1.0])[:2] if len(scales) < 2 else scales
+    if dtype == torch.float16 and scales[0] > 6e4:
+        scales = [6e3, 1e-3]                     # (fp16's own range)
+    x, r, norm_w, weights, bias = _inputs(backend.device, dtype, M, K, N, gated, residual, strided, seed=K + N,
+                                          scale=scales[0], norm_scale=scales[1])
     activation = "silu" if gated else "none"
     want_y, want_u, h = _unfused(x, r, norm_w, weights, bias, 1e-6, activation)
     if gated:
@@ -165,7 +176,7 @@ def test_norm_and_projection_name_a_bad_argument(backend, call, argument):
 # add_rmsnorm_qkv_rope: the norm, the qkv projection, RoPE and the cache write
 # ---------------------------------------------------------------------------------------------
 
-def _qkv_case(dev, dtype, heads, K, block_size, residual, seed, capacity=24):
+def _qkv_case(dev, dtype, heads, K, block_size, residual, seed, capacity=24, bias_scale=1.0):
     Hq, Hkv, D = heads
     g = torch.Generator().manual_seed(seed)
 
@@ -174,7 +185,7 @@ def _qkv_case(dev, dtype, heads, K, block_size, residual, seed, capacity=24):
 
     x, r = rand(1, K, scale=3.0), (rand(1, K) if residual else None)
     norm_w, w = rand(K), rand((Hq + 2 * Hkv) * D, K, scale=K ** -0.5)
-    bias = rand((Hq + 2 * Hkv) * D)
+    bias = rand((Hq + 2 * Hkv) * D, scale=bias_scale)
     positions = torch.tensor([capacity - 1 - seed % 3], device=dev)
     if block_size is None:
         shape, table = (2, capacity, Hkv, D), None
@@ -195,12 +206,14 @@ def _same(got, want):
 @pytest.mark.parametrize("heads, K", [((4, 2, 16), 64), ((3, 1, 80), 96), ((2, 2, 8), 1536), ((2, 1, 12), 40)],
                          ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
 @pytest.mark.parametrize("block_size", [None, 1, 8], ids=lambda b: "contiguous" if b is None else f"paged{b}")
-@pytest.mark.parametrize("residual", [True, False], ids=["residual", "first-layer"])
+@pytest.mark.parametrize("residual", [True, False, "huge-bias"], ids=["residual", "first-layer", "huge-bias"])
 def test_qkv_rope_is_the_two_calls_to_the_bit(backend, value_dtype, heads, K, block_size, residual):
-    """q, u and both caches equal add_rmsnorm_matmul then rope_into_cache (the second case's and the
-    last's head dims take those two calls themselves: D / 2 not a multiple of 4 in the last)."""
+    """q, u and both caches equal add_rmsnorm_matmul then rope_into_cache (the last case's head dim
+    takes those two calls themselves: D / 2 not a multiple of 4). huge-bias: projections past
+    fp16's range in bf16 (fp16's own top of range in fp16)."""
+    bias_scale = 1.0 if residual != "huge-bias" else (3e5 if value_dtype != torch.float16 else 2e4)
     x, r, norm_w, w, bias, positions, k_cache, v_cache, table = _qkv_case(
-        backend.device, value_dtype, heads, K, block_size, residual, seed=K + heads[2])
+        backend.device, value_dtype, heads, K, block_size, bool(residual), seed=K + heads[2], bias_scale=bias_scale)
     qkv, want_u = kernels.add_rmsnorm_matmul(x, r, norm_w, w, bias, 1e-6)
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want_q = kernels.rope_into_cache(qkv, positions, want_k, want_v, heads[0], 1e6, block_table=table)
@@ -212,6 +225,25 @@ def test_qkv_rope_is_the_two_calls_to_the_bit(backend, value_dtype, heads, K, bl
             f"add_rmsnorm_qkv_rope {value_dtype} heads {heads} K {K} block_size {block_size}: {name} differs from "
             f"add_rmsnorm_matmul + rope_into_cache at {int((~((got == want) | (got.isnan() & want.isnan()))).sum())}"
             f" elements")
+
+
+@pytest.mark.op("decoder")
+def test_qkv_rope_turns_by_positions_past_fp32s_integers(backend):
+    """Positions past 2^24 (not integers in fp32): the angle is formed in float64, as rope()'s. A
+    paged cache reaches them with a long block table over a small pool."""
+    dev, dtype, heads, K = backend.device, torch.bfloat16, (2, 1, 16), 64
+    for position in (2 ** 24 + 1, 10 ** 7 + 3):
+        x, r, norm_w, w, bias, _, k_cache, v_cache, _ = _qkv_case(dev, dtype, heads, K, 4, True, seed=3)
+        table = torch.zeros(1, (2 ** 24 + 8) // 4, dtype=torch.int32, device=dev)
+        table[0, position // 4] = 1
+        positions = torch.tensor([position], device=dev)
+        qkv, _ = kernels.add_rmsnorm_matmul(x, r, norm_w, w, bias, 1e-6)
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        want_q = kernels.rope_into_cache(qkv, positions, want_k, want_v, heads[0], 1e6, block_table=table)
+        q, _ = kernels.add_rmsnorm_qkv_rope(x, r, norm_w, w, bias, positions, k_cache, v_cache, heads[0], 1e6, 1e-6,
+                                            block_table=table)
+        for name, got, want in (("q", q, want_q), ("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)):
+            assert _same(got, want), f"position {position}: {name} differs from the two calls"
 
 
 @pytest.mark.op("decoder")
