@@ -452,6 +452,48 @@ def test_rope_into_cache_writes_slots_past_2_31_elements(layout, backend):
         torch.cuda.empty_cache()
 
 
+@pytest.mark.parametrize("op,dtype,config,layout", [pytest.param("decoder", "float16", "huge", lay, id=lay,
+                                                                 marks=pytest.mark.op("decoder"))
+                                                    for lay in ("weight_rows", "head_stride")])
+def test_qkv_rope_reaches_past_2_31_elements(op, dtype, config, layout, backend):
+    """add_rmsnorm_qkv_rope (a decode step's norm, qkv product, RoPE and cache write in one kernel)
+    against its two calls (add_rmsnorm_matmul + rope_into_cache), to the bit. weight_rows: w_qkv
+    of 2^31 + 4096 elements, its k and v heads' rows past 2^31 (the program's rows in int64);
+    head_stride: caches whose head stride is 2^30 elements, so that the third head starts past
+    2^31 (the head index in int64). The mutation run's int32 survivors of _qkv_rope_kernel."""
+    assert backend.name == "gpu", "2^20 heads in the interpreter: hours (declared gap interp-huge-rows)"
+    dev, dt = backend.device, torch.float16
+    g = torch.Generator().manual_seed(12)
+    D, K, pos = 128, 16, 5
+    if layout == "weight_rows":
+        Hq, Hkv = 2**20, 1                          # rows (Hq + 2) D: the k head's first row * K passes 2^31
+        w = torch.zeros((Hq + 2 * Hkv) * D, K, dtype=dt, device=dev)
+        w[-4 * D:] = torch.randn(4 * D, K, generator=g).to(dt).to(dev)
+        make_cache = lambda: torch.full((1, 8, Hkv, D), float("nan"), dtype=dt, device=dev)  # noqa: E731
+    else:
+        Hq, Hkv = 2, 3
+        w = torch.randn((Hq + 2 * Hkv) * D, K, generator=g).to(dt).to(dev)
+
+        def make_cache():       # heads 2^30 elements apart: head 2 starts at 2^31
+            store = torch.full((2**31 + 8 * D,), float("nan"), dtype=dt, device=dev)
+            return store.as_strided((1, 8, Hkv, D), (8 * D, D, 2**30, 1))
+    x, r = (torch.randn(1, K, generator=g).to(dt).to(dev) for _ in range(2))
+    norm_w = torch.randn(K, generator=g).to(dt).to(dev)
+    bias = torch.randn(w.shape[0], generator=g).to(dt).to(dev)
+    positions = torch.tensor([pos], dtype=torch.int32, device=dev)
+    want_k, want_v = (torch.full((1, 8, Hkv, D), float("nan"), dtype=dt, device=dev) for _ in range(2))
+    qkv, _ = kernels.add_rmsnorm_matmul(x, r, norm_w, w, bias)
+    want_q = kernels.rope_into_cache(qkv, positions, want_k, want_v, Hq, 1e6)
+    del qkv
+    k_cache, v_cache = make_cache(), make_cache()
+    q, _ = kernels.add_rmsnorm_qkv_rope(x, r, norm_w, w, bias, positions, k_cache, v_cache, Hq, 1e6)
+    assert torch.equal(q[:, -2:], want_q[:, -2:]), f"{layout}: the last q heads differ from the two calls"
+    for name, got, want in (("k", k_cache, want_k), ("v", v_cache, want_v)):
+        assert torch.equal(got[0, pos], want[0, pos]), f"{layout}: {name} at position {pos} differs from the two calls"
+    del w, k_cache, v_cache
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("op,dtype,config", [pytest.param("decode_attention", "float16", "huge",
                                                           marks=pytest.mark.op("decode_attention"))])
 def test_decode_attention_reads_batches_past_2_31_elements(op, dtype, config, backend, budgets):
