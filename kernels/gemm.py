@@ -13,7 +13,10 @@ usual case) go to a persistent kernel fed by TMA descriptors; anything else (fp3
 sliced weights, odd K) to the pointer kernel, which takes any strides; so do 16-bit matmuls of 2 to
 16 rows (decode), with narrow tiles that spread the weight over many programs. One 16-bit row (a
 decode step at batch 1) takes a matrix-vector kernel on the CUDA cores instead (_gemv_kernel, matmul
-and SwiGLU alike): fp32 products summed elementwise, no tl.dot. SwiGLU's TMA
+and SwiGLU alike): fp32 products summed elementwise, no tl.dot. That kernel can also take the norm
+before the product (add_rmsnorm_matmul, add_rmsnorm_swiglu) and, for the qkv projection, RoPE and
+the KV-cache write after it (add_rmsnorm_qkv_rope): a decoder layer's decode step in fewer
+launches; other shapes run the separate ops. SwiGLU's TMA
 path reads both weights through one 3-D descriptor [2, N, K] whose first stride is the distance
 between them, so one accumulator covers both: the halves of one [2N, K] tensor (a merged gate_up
 projection, either order) anywhere, and two separate weights on a CUDA device (the descriptor
