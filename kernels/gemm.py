@@ -401,9 +401,9 @@ def _rows(name, x):
 
 
 def _fit_strides(t, bk):
-    """The kernel steps K by BLOCK_K * stride in int32; a tensor whose K stride would overflow
-    that is copied to a contiguous one (K stride 1)."""
-    return t.contiguous() if bk * abs(t.stride(1)) >= 2**31 else t
+    """The kernel steps K (the last dim) by BLOCK_K * stride in int32; a tensor whose K stride
+    would overflow that is copied to a contiguous one (K stride 1)."""
+    return t.contiguous() if bk * abs(t.stride(-1)) >= 2**31 else t
 
 
 def _tma_aligned(tensors) -> bool:
@@ -549,6 +549,7 @@ def _launch_gemv(x2, weights, biases, out2, activation, gated, cfg=None, norm=No
     a = _fit_strides(x2, cfg["BLOCK_K"])
     r, n, eps, u = norm if norm is not None else (None, a, 0.0, a)
     r = _fit_strides(r, cfg["BLOCK_K"]) if r is not None else None
+    n = _fit_strides(n, cfg["BLOCK_K"])
     _gemv_kernel[(cdiv(N, cfg["BLOCK_N"]),)](
         a, w, w2, b if b is not None else w, b2 if b2 is not None else w, out2, r if r is not None else a, n, u,
         N, K, a.stride(1), w.stride(0), w.stride(1), w2.stride(0), w2.stride(1),
@@ -712,12 +713,10 @@ def _norm_then(x, residual, norm_w, eps, weights, biases, activation, gated):
     y = new_out(None, (*x.shape[:-1], N), x.dtype, x.device)
     u = new_out(None, x.shape, x.dtype, x.device) if residual is not None else x
     r = _rows("residual", residual) if residual is not None else None
-    n = norm_w if _GEMV_BLOCK_K_MAX * abs(norm_w.stride(0)) < 2**31 else norm_w.contiguous()
-    _launch_gemv(x2, weights, biases, y.view(-1, N), activation, gated, norm=(r, n, eps, u.view(-1, K)))
+    _launch_gemv(x2, weights, biases, y.view(-1, N), activation, gated, norm=(r, norm_w, eps, u.view(-1, K)))
     return y, u
 
 
-_GEMV_BLOCK_K_MAX = 1024        # _gemv_config's widest step
 # Which one-row calls take the fused kernels (bench/explore_norm_gemv.py turns them off to time the two ops).
 NORM_GEMV = dict(matmul=True, swiglu=True, qkv_rope=True)
 
@@ -776,7 +775,7 @@ def add_rmsnorm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_w:
     u = new_out(None, x.shape, x.dtype, x.device) if residual is not None else x
     x, w = _fit_strides(x, cfg["BLOCK_K"]), _fit_strides(w_qkv, cfg["BLOCK_K"])
     r = _fit_strides(residual, cfg["BLOCK_K"]) if residual is not None else x
-    n = norm_w if _GEMV_BLOCK_K_MAX * abs(norm_w.stride(0)) < 2**31 else norm_w.contiguous()
+    n = _fit_strides(norm_w, cfg["BLOCK_K"])
     word = error_word(x.device, validate)
     _qkv_rope_kernel[((q_heads + 2 * Hkv) * (D // 2) // half_rows,)](
         x, r, n, u, w, b_qkv if b_qkv is not None else w, positions, _inv_freq(theta, D, x.device), q, k_cache,

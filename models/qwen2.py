@@ -95,7 +95,7 @@ class Qwen2Decoder:
         return qk[0, :, :Hq], qk[0, :, Hq:], v
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, attend, *, decode_qkv=None) -> torch.Tensor:
-        """The decoder layers on hidden states x [N, H] at positions [N] (int64); attend(layer,
+        """The decoder layers on hidden states x [N, H] at positions [N] (int32 or int64); attend(layer,
         q [N, Hq, D], k and v [N, Hkv, D]) -> [N, Hq, D]. With decode_qkv(layer, x, residual, w) ->
         (q, u) (decode: the norm, the qkv projection, RoPE and the cache write in one call,
         residual None at the first layer), attend(layer, q) instead. Returns the final normed
