@@ -896,11 +896,14 @@ class FlashAttentionFunction(torch.autograd.Function):
 
 def _decode_splits(B, Hkv, capacity, block_n, num_splits):
     """About 2048 programs (16 per SM of an H100/H200: a decode program is a chain of dependent
-    loads, and more of them in flight hide the latency; bench/NOTES.md), but no split shorter
-    than 4 tiles: the combine step is not free."""
+    loads, and more of them in flight hide the latency), no split shorter than one tile. Once
+    there is a combine step, finer splits cost only their fp32 partials: at batch 1 with 2 KV
+    heads and a capacity of 257, one tile a split (5 splits) made bench_decoder's token 1196 us
+    against 1237 us at 2 splits of 3 tiles (the old floor of 4 tiles a split) and 1213 unsplit
+    (bench/NOTES.md, session 17). bench_attention's rows (B Hkv 512, L >= 4096) are unchanged."""
     if num_splits is None:
         wanted = cdiv(2048, max(1, B * Hkv))
-        num_splits = max(1, min(wanted, cdiv(capacity, 4 * block_n)))
+        num_splits = max(1, min(wanted, cdiv(capacity, block_n)))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
     chunk = cdiv(cdiv(max(capacity, 1), num_splits), block_n) * block_n
