@@ -75,7 +75,7 @@ def best_of(ts):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route, gemv
+    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route, gemv, moe_gemv
     ap.add_argument("--decode-tiles", default=None, metavar="UPN,UPK,DNN,DNK,WARPS,STAGES;...",
                     help="the decode part's pointer tiles to sweep (default: four built in)")
     ap.add_argument("--loose-capacity", action="store_true",
@@ -342,6 +342,44 @@ def main():
             del q13, s13, q2, s2
             torch.cuda.empty_cache()
         km._MXFP4_GEMV_TILES.update(base)
+
+    if "moe_gemv" in parts:
+        # moe's bf16 decode route (T k <= E / 4: no permutation, the slots summed in the down kernel)
+        # against the pointer GEMMs it replaces, and its tiles, in CUDA graphs; then each kernel's time.
+        base = dict(km._MOE_GEMV)
+        tiles = [(4, 256, 4, 512, 4, 3), (8, 256, 4, 512, 4, 3), (4, 256, 8, 512, 4, 3), (4, 512, 4, 256, 4, 3),
+                 (4, 256, 4, 512, 4, 4), (2, 256, 2, 512, 4, 3), (4, 256, 4, 1024, 8, 3)]
+        for name, Td in (("qwen3", 1), ("qwen3", 4), ("mixtral", 1), ("mixtral", 4)):
+            E, k, H, I = SHAPES[name]
+            x, w13, w2, ids, tw = setup(name, Td, seed=Td)
+            nbytes = ids.unique().numel() * 3 * I * H * 2 + 2 * Td * H * 2
+
+            def call():
+                return kernels.moe(x, w13, w2, ids, tw, validate=False)
+            km._MOE_GEMV["enabled"] = False
+            y_gemm = call()
+            ms = graph_ms(call)
+            print(f"moe_gemv {name} T{Td} GEMMs {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s", flush=True)
+            km._MOE_GEMV["enabled"] = True
+            for up_n, up_k, dn_n, dn_k, warps, stages in tiles:
+                km._MOE_GEMV.update(up_n=up_n, up_k=up_k, down_n=dn_n, down_k=dn_k, warps=warps, stages=stages)
+                cfg = f"{up_n}x{up_k}/{dn_n}x{dn_k}/w{warps}/s{stages}"
+                try:
+                    y = call()
+                    diff = ((y.float() - y_gemm.float()).abs().max() / y_gemm.float().abs().max()).item()
+                    ms = graph_ms(call)
+                    print(f"moe_gemv {name} T{Td} route {cfg} {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s "
+                          f"max|diff|/max|y| {diff:.2e}", flush=True)
+                except Exception as exc:                  # a tile that does not compile or launch
+                    print(f"moe_gemv {name} T{Td} route {cfg} failed: {type(exc).__name__}: {str(exc)[:160]}",
+                          flush=True)
+            km._MOE_GEMV.update(base)
+            per = profile(call)
+            print(f"moe_gemv {name} T{Td} profile: " + ", ".join(f"{kk} {v * 1e3:.1f} us" for kk, v in
+                                                                sorted(per.items(), key=lambda kv: -kv[1])), flush=True)
+            del x, w13, w2
+            torch.cuda.empty_cache()
+        km._MOE_GEMV.update(base)
 
 
 if __name__ == "__main__":

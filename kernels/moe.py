@@ -23,11 +23,12 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._device import grouped_tile
+from kernels._device import grouped_tile, rounded_for
 from kernels._launch import (FLOAT_DTYPES, allocate, cdiv, check_finite, check_same_device, check_same_dtype,
                              check_tensor, check_validate, error_word, interpreting, new_out, next_power_of_2,
                              report_errors, sm_count)
 from kernels._variants import by_alignment
+from kernels.gemm import _gemv_products
 
 MAX_EXPERTS = 1024
 SCORINGS = ("softmax", "sigmoid")
@@ -720,6 +721,114 @@ def _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m):
     return buf
 
 
+# ---------------------------------------------------------------------------------------------
+# The decode route: a few entries, each expert's weights read by one entry at most (T k <= E / 4).
+# No permutation, no partial buffer, no combine launch: the up kernel takes the entries in
+# topk_ids' own order (entry j = t k + s), and the down kernel sums a token's slots itself. Both
+# are matrix-vector products on the CUDA cores (kernels/gemm.py's _gemv_products), no tl.dot.
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _moe_gemv_up_kernel(x_ptr, w13_ptr, h_ptr, ids_ptr, E, H, I, K_SLOTS, sx0, sx1, sw0, sw1, sw2, si0, si1,
+                        EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """Program (entry j = t k + s, column tile): h[j, cols] = silu(x[t] G_e^T) * (x[t] U_e^T),
+    e = topk_ids[t, s], rounded once to x's dtype. An id outside [0, E) writes nothing (the down
+    kernel makes the token's row NaN and never reads it)."""
+    j = tl.program_id(0)
+    t = j // K_SLOTS
+    e = tl.load(ids_ptr + t.to(tl.int64) * si0 + (j - t * K_SLOTS) * si1)
+    if (e >= 0) & (e < E):
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rn = (cols % I).to(tl.int64)            # rows past I wrap onto valid ones (never stored)
+        gate = w13_ptr + e.to(tl.int64) * sw0
+        x_row = x_ptr + t.to(tl.int64) * sx0
+        g, u = _gemv_products(x_row, gate, gate + I * sw1, x_row, x_row, x_row, rn, H, sx1, sw1, sw2, sw1, sw2,
+                              0, 0, 0.0, False, True, False, False, EVEN_K, BLOCK_N, BLOCK_K, STAGES)
+        h = g / (1.0 + tl.exp(-g)) * u
+        tl.store(h_ptr + j.to(tl.int64) * I + cols, rounded_for(h, h_ptr), mask=cols < I)
+
+
+@triton.jit
+def _moe_gemv_down_kernel(h_ptr, w2_ptr, ids_ptr, tw_ptr, y_ptr, bad_ptr, E, H, I, K_SLOTS, sw0, sw1, sw2,
+                          si0, si1, st0, st1, COUNT_BAD: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_S: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """Program (token t, column tile): y[t, cols] = sum_s w[t, s] (h[t k + s] W2_e^T)[cols], e =
+    topk_ids[t, s]: one fp32 accumulator over the token's slots and I (each h value times its
+    slot's weight, then times the weight row), one row sum, one rounding. A token with an id
+    outside [0, E) gets a NaN row (a bad slot reads expert 0's rows and its own h row, which the
+    up kernel left unwritten: never a bad address), and COUNT_BAD counts such tokens into bad_ptr."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = (cols % H).to(tl.int64)
+    slots = tl.arange(0, BLOCK_S)
+    ids = tl.load(ids_ptr + t * si0 + slots * si1, mask=slots < K_SLOTS, other=0)
+    bad = tl.max(((ids < 0) | (ids >= E)).to(tl.int32), axis=0)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_k = tl.cdiv(I, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    # (slot, column tile) flattened into one pipelined loop: the next slot's weights are in flight
+    # while this slot's last tile is multiplied
+    for i in tl.range(0, K_SLOTS * n_k, num_stages=STAGES):
+        s = i // n_k
+        k0 = (i - s * n_k) * BLOCK_K
+        e = tl.load(ids_ptr + t * si0 + s * si1)
+        ok = (e >= 0) & (e < E)
+        rw = tl.load(tw_ptr + t * st0 + s * st1)
+        h_ptrs = h_ptr + (t * K_SLOTS + s) * I + k0 + offs_k
+        w_ptrs = w2_ptr + tl.where(ok, e, 0).to(tl.int64) * sw0 + rn[:, None] * sw1 + (k0 + offs_k)[None, :] * sw2
+        if EVEN_K:
+            a = tl.load(h_ptrs).to(tl.float32) * rw
+            w = tl.load(w_ptrs)
+        else:
+            k_ok = offs_k < I - k0
+            a = tl.load(h_ptrs, mask=k_ok, other=0.0).to(tl.float32) * rw
+            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+        acc += w.to(tl.float32) * a[None, :]
+    y = tl.where(bad > 0, float("nan"), tl.sum(acc, axis=1))
+    tl.store(y_ptr + t * H + cols, rounded_for(y, y_ptr), mask=cols < H)
+    if COUNT_BAD:
+        if tl.program_id(1) == 0:
+            tl.atomic_add(bad_ptr, bad)
+
+
+_moe_gemv_up_kernel = by_alignment(_moe_gemv_up_kernel, x="x_ptr sx0 sx1 H", w13="w13_ptr sw0 sw1 sw2 H", h="h_ptr I")
+_moe_gemv_down_kernel = by_alignment(_moe_gemv_down_kernel, h="h_ptr I", w2="w2_ptr sw0 sw1 sw2 I", tw="tw_ptr st1",
+                                     y="y_ptr H")
+# The decode route's tiles (GPU: as kernels/gemm.py's _gemv_config for a gated and a plain
+# product; the interpreter's 16 columns a step, so that its cases cross tiles). enabled False:
+# the pointer GEMMs (benchmarks). max_share: the route serves T k <= E max_share (at T 1 the k
+# experts are distinct; more entries an expert would each read the expert's weights again).
+_MOE_GEMV = dict(up_n=4, up_k=256, down_n=4, down_k=512, warps=4, stages=3, max_share=0.25, enabled=True)
+
+
+def _moe_gemv_route(T, K, E, block_m) -> bool:
+    """Whether moe takes the decode route (see _MOE_GEMV): no forced block_m, T k <= E / 4."""
+    return _MOE_GEMV["enabled"] and block_m is None and T * K <= _MOE_GEMV["max_share"] * E
+
+
+def _moe_gemv(x, w13, w2, topk_ids, topk_weights, out, validate):
+    """The decode route's two launches, and the ids' check as _combine's."""
+    T, H = x.shape
+    K = topk_ids.shape[1]
+    E, I = w13.shape[0], w2.shape[2]
+    c = _MOE_GEMV
+    cap = 16 if interpreting() else None
+    bk_up = min(cap or c["up_k"], max(16, next_power_of_2(H)))
+    bk_dn = min(cap or c["down_k"], max(16, next_power_of_2(I)))
+    h = allocate((T * K, I), x.dtype, x.device, name="h")
+    _moe_gemv_up_kernel[(T * K, cdiv(I, c["up_n"]))](
+        x, w13, h, topk_ids, E, H, I, K, x.stride(0), x.stride(1), *w13.stride(), *topk_ids.stride(),
+        EVEN_K=H % bk_up == 0, BLOCK_N=c["up_n"], BLOCK_K=bk_up, STAGES=c["stages"], num_warps=c["warps"])
+    count = validate is not False
+    bad = error_word(out.device, validate) if count else h
+    _moe_gemv_down_kernel[(T, cdiv(H, c["down_n"]))](
+        h, w2, topk_ids, topk_weights, out, bad, E, H, I, K, *w2.stride(), *topk_ids.stride(),
+        *topk_weights.stride(), COUNT_BAD=count, EVEN_K=I % bk_dn == 0, BLOCK_S=max(2, next_power_of_2(K)),
+        BLOCK_N=c["down_n"], BLOCK_K=bk_dn, STAGES=c["stages"], num_warps=c["warps"])
+    if count:
+        report_errors(bad, validate, "moe", functools.partial(_bad_ids, E), functools.partial(_id_range, topk_ids))
+
+
 def _combine(buf, inv, topk_weights, out, E, topk_ids, validate, launcher):
     """The combine launch of both layers, and the ids' check: the combine counts the tokens with
     an id outside [0, E) into the call's error word (kernels/_launch.py), which validate=True
@@ -789,6 +898,9 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Te
     K = topk_ids.shape[1]
     out = new_out(out, (T, H), x.dtype, x.device)
     if T == 0:
+        return out
+    if _moe_gemv_route(T, K, E, block_m):
+        _moe_gemv(x, w13, w2, topk_ids, topk_weights, out, validate)
         return out
     bm = _tma_block_m(T, K, E, block_m) if _use_tma(x, w13, w2, T, K, E, block_m) else None
     sorted_ids, block_expert, num, inv = moe_permute(topk_ids, E, bm or _moe_blocks(T, K, E, H, I, block_m)[0])

@@ -1,7 +1,8 @@
 """The moe layer beyond the battery's cases (tests/test_ops.py) and the float64 mutants
 (tests/test_mutants.py): the real kernel run with a broken permutation must fail its budget,
-the bf16 budgets (which the interpreter cannot exercise: gap interp-bf16-dot) must reject the
-mutants too, the combine is deterministic, and ids a token repeats count twice."""
+the bf16 budgets (whose grouped GEMMs the interpreter cannot run: gap interp-bf16-dot-moe-gemms)
+must reject the mutants too, the combine is deterministic, ids a token repeats count twice, and
+the decode route (no permutation) agrees with the GEMMs and fails its budget when broken."""
 import pytest
 import torch
 
@@ -106,23 +107,26 @@ def test_repeated_expert_counts_twice(backend, budgets):
     assert torch.allclose(oracles.moe(*op._args(inp)).float().cpu(), got.cpu(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("tma", [True, False], ids=["tma-path", "pointer-path"])
-def test_bad_ids_give_nan_rows_and_an_error_only_when_validated(tma, backend):
+@pytest.mark.parametrize("route", ["tma-path", "pointer-path", "decode-route"])
+def test_bad_ids_give_nan_rows_and_an_error_only_when_validated(route, backend):
     """An id outside [0, E) is found on the device: that token's row is NaN (never a sum without
     it), the other rows are the layer's; validate=True raises naming topk_ids after the launches,
-    "deferred" at raise_deferred_errors(), validate=False never. Both paths (fp16 row-major takes TMA; a transposed w13 not)."""
-    T, H, I, E = 12, 32, 16, 4
+    "deferred" at raise_deferred_errors(), validate=False never. Every route (fp16 row-major takes
+    TMA; a transposed w13 not; 12 tokens of 2 slots over 96 experts the decode route)."""
+    T, H, I, E = 12, 32, 16, (96 if route == "decode-route" else 4)
+    tma = route == "tma-path"
+    assert kmoe._moe_gemv_route(T, 2, E, None) == (route == "decode-route")
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(T, H, generator=gen).half().to(backend.device)
     w13 = (torch.randn(E, 2 * I, H, generator=gen) / 8).half().to(backend.device)
-    if not tma:
+    if route == "pointer-path":
         w13 = w13.transpose(1, 2).contiguous().transpose(1, 2)
     w2 = (torch.randn(E, H, I, generator=gen) / 8).half().to(backend.device)
     ids = torch.randint(0, E, (T, 2), generator=gen, dtype=torch.int32).to(backend.device)
     tw = torch.rand(T, 2, generator=gen).to(backend.device)
     good = kernels.moe(x, w13, w2, ids, tw)
     bad = ids.clone()
-    bad[3, 1], bad[7, 0] = E, -1
+    bad[3, 1], bad[7, 0] = E, -1 - 2**30
     with pytest.raises(ValueError, match="topk_ids"):
         kernels.moe(x, w13, w2, bad, tw)
     y = kernels.moe(x, w13, w2, bad, tw, validate=False)
@@ -135,3 +139,52 @@ def test_bad_ids_give_nan_rows_and_an_error_only_when_validated(tma, backend):
     with pytest.raises(ValueError, match="topk_ids.*earlier moe call"):
         kernels.raise_deferred_errors()
     kernels.raise_deferred_errors()                                           # raised once
+
+
+def test_decode_route_agrees_with_the_grouped_gemms(backend, budgets, monkeypatch):
+    """A decode-sized call (T k <= E / 4: the matrix-vector route, no permutation, the slots summed
+    in the down kernel) and the same call through the grouped GEMMs both pass the budget, with H
+    and I crossing column tiles and not multiples of them, x and the weights strided."""
+    op = registry.get("moe")
+    for shape, k in (((1, 72, 40, 64), 8), ((3, 37, 21, 32), 2), ((2, 64, 48, 128), 16)):
+        case = _case("float32", shape=shape, top_k=k, w_layout="transposed", layout="sliced")
+        inp = op.inputs(case, backend.device)
+        assert kmoe._moe_gemv_route(shape[0], k, shape[3], None)
+        budget = budgets.get("moe", "float32", backend.name)
+        route = kernels.moe(*op._args(inp))
+        monkeypatch.setitem(kmoe._MOE_GEMV, "enabled", False)
+        gemms = kernels.moe(*op._args(inp))
+        monkeypatch.setitem(kmoe._MOE_GEMV, "enabled", True)
+        assert _judge(op, inp, route, budget).passed and _judge(op, inp, gemms, budget).passed
+        assert torch.allclose(route.cpu(), gemms.cpu(), rtol=1e-5, atol=1e-6)
+
+
+class _Planted:
+    """A decode-route kernel launched with one argument changed (a planted bug)."""
+
+    def __init__(self, kernel, index, change):
+        self.kernel, self.index, self.change = kernel, index, change
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            args = list(args)
+            args[self.index] = self.change(args[self.index])
+            return self.kernel[grid](*args, **kw)
+        return launch
+
+
+@pytest.mark.parametrize("bug", ["weights-of-the-next-slot", "h-of-the-next-entry"])
+def test_decode_route_with_a_planted_bug_fails(bug, backend, budgets, monkeypatch):
+    """The decode route's down kernel given each slot the routing weight of the next slot, or the
+    h rows shifted by one entry: the budget sees it (and the unbroken route passes the case)."""
+    op = registry.get("moe")
+    inp = op.inputs(_case("float16", shape=(2, 40, 24, 32), top_k=4), backend.device)
+    assert kmoe._moe_gemv_route(2, 4, 32, None)
+    budget = budgets.get("moe", "float16", backend.name)
+    assert _judge(op, inp, kernels.moe(*op._args(inp)), budget).passed
+    if bug == "weights-of-the-next-slot":
+        planted = _Planted(kmoe._moe_gemv_down_kernel, 3, lambda tw: tw.roll(1, dims=1).contiguous())
+    else:
+        planted = _Planted(kmoe._moe_gemv_down_kernel, 0, lambda h: h.roll(1, dims=0))
+    monkeypatch.setattr(kmoe, "_moe_gemv_down_kernel", planted)
+    assert not _judge(op, inp, kernels.moe(*op._args(inp)), budget).passed
