@@ -760,9 +760,15 @@ def _moe_gemv_down_kernel(h_ptr, w2_ptr, ids_ptr, tw_ptr, y_ptr, bad_ptr, E, H, 
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = (cols % H).to(tl.int64)
+    # the token's ids and routing weights, read once: in the loop a slot's come from registers, so
+    # no weight address waits on a load
     slots = tl.arange(0, BLOCK_S)
-    ids = tl.load(ids_ptr + t * si0 + slots * si1, mask=slots < K_SLOTS, other=0)
-    bad = tl.max(((ids < 0) | (ids >= E)).to(tl.int32), axis=0)
+    s_ok = slots < K_SLOTS
+    ids = tl.load(ids_ptr + t * si0 + slots * si1, mask=s_ok, other=0)
+    good = (ids >= 0) & (ids < E)
+    bad = tl.max((~good).to(tl.int32), axis=0)
+    experts = tl.where(good, ids, 0).to(tl.int64)
+    weights = tl.load(tw_ptr + t * st0 + slots * st1, mask=s_ok, other=0.0)
     offs_k = tl.arange(0, BLOCK_K)
     n_k = tl.cdiv(I, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -771,11 +777,10 @@ def _moe_gemv_down_kernel(h_ptr, w2_ptr, ids_ptr, tw_ptr, y_ptr, bad_ptr, E, H, 
     for i in tl.range(0, K_SLOTS * n_k, num_stages=STAGES):
         s = i // n_k
         k0 = (i - s * n_k) * BLOCK_K
-        e = tl.load(ids_ptr + t * si0 + s * si1)
-        ok = (e >= 0) & (e < E)
-        rw = tl.load(tw_ptr + t * st0 + s * st1)
+        e = tl.sum(tl.where(slots == s, experts, 0), axis=0)
+        rw = tl.sum(tl.where(slots == s, weights, 0.0), axis=0)
         h_ptrs = h_ptr + (t * K_SLOTS + s) * I + k0 + offs_k
-        w_ptrs = w2_ptr + tl.where(ok, e, 0).to(tl.int64) * sw0 + rn[:, None] * sw1 + (k0 + offs_k)[None, :] * sw2
+        w_ptrs = w2_ptr + e * sw0 + rn[:, None] * sw1 + (k0 + offs_k)[None, :] * sw2
         if EVEN_K:
             a = tl.load(h_ptrs).to(tl.float32) * rw
             w = tl.load(w_ptrs)
