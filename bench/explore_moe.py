@@ -345,42 +345,48 @@ def main():
 
     if "moe_gemv" in parts:
         # moe's bf16 decode route (T k <= E / 4: no permutation, the slots summed in the down kernel)
-        # against the pointer GEMMs it replaces, and its tiles, in CUDA graphs; then each kernel's time.
+        # against the pointer GEMMs it replaces, and its settings: 4 layers' calls (each on its own
+        # copy of the weights) in one CUDA graph, per layer, as bench_moe's "CUDA graph of 4 layers"
         base = dict(km._MOE_GEMV)
-        tiles = [(4, 256, 4, 512, 4, 3), (8, 256, 4, 512, 4, 3), (4, 256, 8, 512, 4, 3), (8, 256, 8, 512, 4, 3),
-                 (4, 256, 4, 256, 4, 3), (4, 256, 8, 256, 4, 3), (8, 256, 8, 256, 4, 3), (4, 256, 16, 256, 4, 3)]
-        for name, Td in (("qwen3", 1), ("qwen3", 4), ("mixtral", 1), ("mixtral", 4)):
+        variants = {"default": {}, "no pdl": dict(pdl=False), "down stages 4": dict(down_stages=4),
+                    "down stages 5": dict(down_stages=5), "down 2 rows": dict(down_n=2), "down 8 rows": dict(down_n=8),
+                    "up 8 rows": dict(up_n=8), "down 256 cols": dict(down_k=256),
+                    "down 8 rows, stages 4": dict(down_n=8, down_stages=4)}
+        for name, Td in (("qwen3", 1), ("qwen3", 4), ("mixtral", 1)):
             E, k, H, I = SHAPES[name]
             x, w13, w2, ids, tw = setup(name, Td, seed=Td)
+            copies = [(w13, w2)] + [(w13.clone(), w2.clone()) for _ in range(3)]
             nbytes = ids.unique().numel() * 3 * I * H * 2 + 2 * Td * H * 2
 
             def call():
                 return kernels.moe(x, w13, w2, ids, tw, validate=False)
+
+            def layers():
+                for a, b in copies:
+                    kernels.moe(x, a, b, ids, tw, validate=False)
             km._MOE_GEMV["enabled"] = False
             y_gemm = call()
-            ms = graph_ms(call)
-            print(f"moe_gemv {name} T{Td} GEMMs {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s", flush=True)
-            km._MOE_GEMV["enabled"] = True
-            for up_n, up_k, dn_n, dn_k, warps, stages in tiles:
-                km._MOE_GEMV.update(up_n=up_n, up_k=up_k, down_n=dn_n, down_k=dn_k, warps=warps, stages=stages)
-                cfg = f"{up_n}x{up_k}/{dn_n}x{dn_k}/w{warps}/s{stages}"
+            ms = graph_ms(layers) / 4
+            print(f"moe_gemv {name} T{Td} GEMMs {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s a layer", flush=True)
+            for label, change in variants.items():
+                km._MOE_GEMV.update(base)
+                km._MOE_GEMV.update(change)
                 try:
                     y = call()
                     diff = ((y.float() - y_gemm.float()).abs().max() / y_gemm.float().abs().max()).item()
-                    ms = graph_ms(call)
-                    print(f"moe_gemv {name} T{Td} route {cfg} {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s "
+                    ms = graph_ms(layers) / 4
+                    print(f"moe_gemv {name} T{Td} route {label}: {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s a layer, "
                           f"max|diff|/max|y| {diff:.2e}", flush=True)
-                except Exception as exc:                  # a tile that does not compile or launch
-                    print(f"moe_gemv {name} T{Td} route {cfg} failed: {type(exc).__name__}: {str(exc)[:160]}",
+                except Exception as exc:                  # a setting that does not compile or launch
+                    print(f"moe_gemv {name} T{Td} route {label} failed: {type(exc).__name__}: {str(exc)[:160]}",
                           flush=True)
             km._MOE_GEMV.update(base)
             per = profile(call)
             print(f"moe_gemv {name} T{Td} profile: " + ", ".join(f"{kk} {v * 1e3:.1f} us" for kk, v in
                                                                 sorted(per.items(), key=lambda kv: -kv[1])), flush=True)
-            del x, w13, w2
+            del x, w13, w2, copies
             torch.cuda.empty_cache()
         km._MOE_GEMV.update(base)
-
 
 if __name__ == "__main__":
     main()

@@ -23,10 +23,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._device import grouped_tile, rounded_for
+from kernels._device import grouped_tile, launch_next_kernel, rounded_for, wait_for_previous_kernel
 from kernels._launch import (FLOAT_DTYPES, allocate, cdiv, check_finite, check_same_device, check_same_dtype,
                              check_tensor, check_validate, error_word, interpreting, new_out, next_power_of_2,
-                             report_errors, sm_count)
+                             pdl_launch, report_errors, sm_count)
 from kernels._variants import by_alignment
 from kernels.gemm import _gemv_products
 
@@ -730,10 +730,12 @@ def _moe_pointer(x, w13, w2, sorted_ids, block_expert, T, K, E, H, I, block_m):
 
 @triton.jit
 def _moe_gemv_up_kernel(x_ptr, w13_ptr, h_ptr, ids_ptr, E, H, I, K_SLOTS, sx0, sx1, sw0, sw1, sw2, si0, si1,
-                        EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+                        EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                        PDL: tl.constexpr):
     """Program (entry j = t k + s, column tile): h[j, cols] = silu(x[t] G_e^T) * (x[t] U_e^T),
     e = topk_ids[t, s], rounded once to x's dtype. An id outside [0, E) writes nothing (the down
     kernel makes the token's row NaN and never reads it)."""
+    wait_for_previous_kernel(PDL)
     j = tl.program_id(0)
     t = j // K_SLOTS
     e = tl.load(ids_ptr + t.to(tl.int64) * si0 + (j - t * K_SLOTS) * si1)
@@ -744,6 +746,7 @@ def _moe_gemv_up_kernel(x_ptr, w13_ptr, h_ptr, ids_ptr, E, H, I, K_SLOTS, sx0, s
         x_row = x_ptr + t.to(tl.int64) * sx0
         g, u = _gemv_products(x_row, gate, gate + I * sw1, x_row, x_row, x_row, rn, H, sx1, sw1, sw2, sw1, sw2,
                               0, 0, 0.0, False, True, False, False, EVEN_K, BLOCK_N, BLOCK_K, STAGES)
+        launch_next_kernel(PDL)
         h = g / (1.0 + tl.exp(-g)) * u
         tl.store(h_ptr + j.to(tl.int64) * I + cols, rounded_for(h, h_ptr), mask=cols < I)
 
@@ -751,12 +754,13 @@ def _moe_gemv_up_kernel(x_ptr, w13_ptr, h_ptr, ids_ptr, E, H, I, K_SLOTS, sx0, s
 @triton.jit
 def _moe_gemv_down_kernel(h_ptr, w2_ptr, ids_ptr, tw_ptr, y_ptr, bad_ptr, E, H, I, K_SLOTS, sw0, sw1, sw2,
                           si0, si1, st0, st1, COUNT_BAD: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_S: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
     """Program (token t, column tile): y[t, cols] = sum_s w[t, s] (h[t k + s] W2_e^T)[cols], e =
     topk_ids[t, s]: one fp32 accumulator over the token's slots and I (each h value times its
     slot's weight, then times the weight row), one row sum, one rounding. A token with an id
     outside [0, E) gets a NaN row (a bad slot reads expert 0's rows and its own h row, which the
     up kernel left unwritten: never a bad address), and COUNT_BAD counts such tokens into bad_ptr."""
+    wait_for_previous_kernel(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = (cols % H).to(tl.int64)
@@ -789,6 +793,7 @@ def _moe_gemv_down_kernel(h_ptr, w2_ptr, ids_ptr, tw_ptr, y_ptr, bad_ptr, E, H, 
             a = tl.load(h_ptrs, mask=k_ok, other=0.0).to(tl.float32) * rw
             w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
         acc += w.to(tl.float32) * a[None, :]
+    launch_next_kernel(PDL)
     y = tl.where(bad > 0, float("nan"), tl.sum(acc, axis=1))
     tl.store(y_ptr + t * H + cols, rounded_for(y, y_ptr), mask=cols < H)
     if COUNT_BAD:
@@ -801,9 +806,10 @@ _moe_gemv_down_kernel = by_alignment(_moe_gemv_down_kernel, h="h_ptr I", w2="w2_
                                      y="y_ptr H")
 # The decode route's tiles (GPU: as kernels/gemm.py's _gemv_config for a gated and a plain
 # product; the interpreter's 16 columns a step, so that its cases cross tiles). enabled False:
-# the pointer GEMMs (benchmarks). max_share: the route serves T k <= E max_share (at T 1 the k
+# the pointer GEMMs; pdl False: no dependent launch where the device has it (benchmarks). max_share: the route serves T k <= E max_share (at T 1 the k
 # experts are distinct; more entries an expert would each read the expert's weights again).
-_MOE_GEMV = dict(up_n=4, up_k=256, down_n=4, down_k=512, warps=4, stages=3, max_share=0.25, enabled=True)
+_MOE_GEMV = dict(up_n=4, up_k=256, down_n=4, down_k=512, warps=4, stages=3, down_stages=3, max_share=0.25,
+                 enabled=True, pdl=True)
 
 
 def _moe_gemv_route(T, K, E, block_m) -> bool:
@@ -821,15 +827,16 @@ def _moe_gemv(x, w13, w2, topk_ids, topk_weights, out, validate):
     bk_up = min(cap or c["up_k"], max(16, next_power_of_2(H)))
     bk_dn = min(cap or c["down_k"], max(16, next_power_of_2(I)))
     h = allocate((T * K, I), x.dtype, x.device, name="h")
+    pdl = pdl_launch(x.device) if c["pdl"] else dict(PDL=False, launch_pdl=False)
     _moe_gemv_up_kernel[(T * K, cdiv(I, c["up_n"]))](
         x, w13, h, topk_ids, E, H, I, K, x.stride(0), x.stride(1), *w13.stride(), *topk_ids.stride(),
-        EVEN_K=H % bk_up == 0, BLOCK_N=c["up_n"], BLOCK_K=bk_up, STAGES=c["stages"], num_warps=c["warps"])
+        EVEN_K=H % bk_up == 0, BLOCK_N=c["up_n"], BLOCK_K=bk_up, STAGES=c["stages"], num_warps=c["warps"], **pdl)
     count = validate is not False
     bad = error_word(out.device, validate) if count else h
     _moe_gemv_down_kernel[(T, cdiv(H, c["down_n"]))](
         h, w2, topk_ids, topk_weights, out, bad, E, H, I, K, *w2.stride(), *topk_ids.stride(),
         *topk_weights.stride(), COUNT_BAD=count, EVEN_K=I % bk_dn == 0, BLOCK_S=max(2, next_power_of_2(K)),
-        BLOCK_N=c["down_n"], BLOCK_K=bk_dn, STAGES=c["stages"], num_warps=c["warps"])
+        BLOCK_N=c["down_n"], BLOCK_K=bk_dn, STAGES=c["down_stages"], num_warps=c["warps"], **pdl)
     if count:
         report_errors(bad, validate, "moe", functools.partial(_bad_ids, E), functools.partial(_id_range, topk_ids))
 
