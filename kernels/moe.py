@@ -804,11 +804,15 @@ def _moe_gemv_down_kernel(h_ptr, w2_ptr, ids_ptr, tw_ptr, y_ptr, bad_ptr, E, H, 
 _moe_gemv_up_kernel = by_alignment(_moe_gemv_up_kernel, x="x_ptr sx0 sx1 H", w13="w13_ptr sw0 sw1 sw2 H", h="h_ptr I")
 _moe_gemv_down_kernel = by_alignment(_moe_gemv_down_kernel, h="h_ptr I", w2="w2_ptr sw0 sw1 sw2 I", tw="tw_ptr st1",
                                      y="y_ptr H")
-# The decode route's tiles (GPU: as kernels/gemm.py's _gemv_config for a gated and a plain
-# product; the interpreter's 16 columns a step, so that its cases cross tiles). enabled False:
-# the pointer GEMMs; pdl False: no dependent launch where the device has it (benchmarks). max_share: the route serves T k <= E max_share (at T 1 the k
+# The decode route's tiles: the up kernel as kernels/gemm.py's _gemv_config for a gated product
+# (4 rows x 256 columns, 3 stages); the down kernel 8 rows x 512 columns, 4 stages. H200, 4
+# layers' calls in one CUDA graph, per layer (bench/explore_moe.py --part moe_gemv), against the
+# down kernel at 4 rows and 3 stages: Qwen3-MoE T 1 27.0 / 27.8 us, T 4 74.0 / 79.4, Mixtral T 1
+# 166.0 / 166.6 (2 rows, 5 stages or 256 columns: slower on all three; without dependent launch
+# 28.5 / 80.1 / 167.0). The interpreter takes 16 columns a step, so that its cases cross tiles.
+# enabled False: the pointer GEMMs; pdl False: no dependent launch where the device has it. max_share: the route serves T k <= E max_share (at T 1 the k
 # experts are distinct; more entries an expert would each read the expert's weights again).
-_MOE_GEMV = dict(up_n=4, up_k=256, down_n=4, down_k=512, warps=4, stages=3, down_stages=3, max_share=0.25,
+_MOE_GEMV = dict(up_n=4, up_k=256, down_n=8, down_k=512, warps=4, stages=3, down_stages=4, max_share=0.25,
                  enabled=True, pdl=True)
 
 

@@ -176,6 +176,9 @@ def _production_calls(dev, dtype=torch.float32):
     kernels.moe_mxfp4(r(1, Hd), q13.view(E, 2 * Id, -1), s13.view(E, 2 * Id, -1), q2.view(E, Hd, -1),
                       s2.view(E, Hd, -1), ids_m[:1], weights[:1])
     kernels.dequantize_mxfp4(q13, s13)
+    # moe's decode route (T k <= E / 4)
+    ids_d, weights_d = kernels.moe_route(r(1, 16), top_k)
+    kernels.moe(r(1, Hd), r(16, 2 * Id, Hd) * 0.1, r(16, Hd, Id) * 0.1, ids_d, weights_d)
     kernels.moe_permute(torch.randint(0, E, (700, top_k), generator=g).to(dev), E, 16)   # entries in many chunks
 
 
