@@ -693,7 +693,8 @@ MOE_HUGE = {"E": 513, "H": 2048, "I": 2048}   # w13[e] starts e 2^23 elements in
 
 def _moe_expert_layouts():
     # name: (T, how the weights sit in their storage)
-    return {"decode": (4, "rows"), "prefill": (16512, "rows"), "prefill_pointer": (16512, "transposed")}
+    return {"decode": (4, "rows"), "decode_pointer": (80, "rows"), "prefill": (16512, "rows"),
+            "prefill_pointer": (16512, "transposed")}
 
 
 def _routed(T, experts, gen, device):
@@ -720,14 +721,15 @@ def test_moe_reads_experts_past_2_31_elements(op, dtype, config, layout, backend
     """w13 [513, 4096, 2048] and w2 [513, 2048, 2048] as views of one fp16 storage of 2^32 + 2^23
     elements (8 GiB) from its start (w2 shares w13's first half: both are only read). Every token
     goes to experts 511 and 512: their w13 starts 2^32 - 2^23 and 2^32 elements in, expert 512's w2
-    2^31. decode: 4 tokens, the pointer kernels' 16-row blocks; prefill: 16512 tokens (64 entries
+    2^31. decode: 4 tokens, the decode route (matrix-vector kernels); decode_pointer: 80 tokens (160
+    entries, past the route's E / 4), the pointer kernels' 16-row blocks; prefill: 16512 tokens (64 entries
     an expert: on a Hopper GPU the TMA kernels, which gather x and read the weights through
     descriptors); prefill_pointer: the same with the weights stored transposed ([E, H, 2I] and
     [E, I, H]), which the pointer kernels take in 64-row blocks."""
     assert backend.name == "gpu", "2^13 programs of 2^22-element experts in the interpreter: hours " \
                                   "(declared gap interp-huge-rows)"
     from harness.ops.moe import float_weights
-    from kernels.moe import _use_tma
+    from kernels.moe import _moe_gemv_route, _use_tma
 
     E, H, I = MOE_HUGE["E"], MOE_HUGE["H"], MOE_HUGE["I"]
     T, how = _moe_expert_layouts()[layout]
@@ -747,6 +749,7 @@ def test_moe_reads_experts_past_2_31_elements(op, dtype, config, layout, backend
     ids, tw = _routed(T, used, g, dev)
     hopper = torch.cuda.get_device_capability(dev)[0] >= 9
     assert _use_tma(x, w13, w2, T, 2, E, None) == (layout == "prefill" and hopper), f"{layout}: not the path meant"
+    assert _moe_gemv_route(T, 2, E, None) == (layout == "decode"), f"{layout}: not the path meant"
     y = kernels.moe(x, w13, w2, ids, tw)
     n = min(T, 8)
     tids, c13, c2 = _compact(ids[-n:], used, w13, w2)

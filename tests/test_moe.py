@@ -107,31 +107,33 @@ def test_repeated_expert_counts_twice(backend, budgets):
     assert torch.allclose(oracles.moe(*op._args(inp)).float().cpu(), got.cpu(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("route", ["tma-path", "pointer-path", "decode-route"])
+@pytest.mark.parametrize("route", ["tma-path", "pointer-path", "decode-route", "decode-route-one-tile"])
 def test_bad_ids_give_nan_rows_and_an_error_only_when_validated(route, backend):
     """An id outside [0, E) is found on the device: that token's row is NaN (never a sum without
-    it), the other rows are the layer's; validate=True raises naming topk_ids after the launches,
-    "deferred" at raise_deferred_errors(), validate=False never. Every route (fp16 row-major takes
-    TMA; a transposed w13 not; 12 tokens of 2 slots over 96 experts the decode route)."""
-    T, H, I, E = 12, 32, 16, (96 if route == "decode-route" else 4)
-    tma = route == "tma-path"
-    assert kmoe._moe_gemv_route(T, 2, E, None) == (route == "decode-route")
+    it), the other rows are the layer's; validate=True raises naming topk_ids and the count of
+    such tokens after the launches, "deferred" at raise_deferred_errors(), validate=False never.
+    Every route (fp16 row-major takes TMA; a transposed w13 not; 12 tokens of 3 slots over 160
+    experts the decode route, its down kernel over 4 column tiles a token or one)."""
+    decode = route.startswith("decode-route")
+    T, H, I = 12, (8 if route == "decode-route-one-tile" else 32), 16
+    E, K = (160, 3) if decode else (4, 2)
+    assert kmoe._moe_gemv_route(T, K, E, None) == decode
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(T, H, generator=gen).half().to(backend.device)
     w13 = (torch.randn(E, 2 * I, H, generator=gen) / 8).half().to(backend.device)
     if route == "pointer-path":
         w13 = w13.transpose(1, 2).contiguous().transpose(1, 2)
     w2 = (torch.randn(E, H, I, generator=gen) / 8).half().to(backend.device)
-    ids = torch.randint(0, E, (T, 2), generator=gen, dtype=torch.int32).to(backend.device)
-    tw = torch.rand(T, 2, generator=gen).to(backend.device)
+    ids = torch.randint(0, E, (T, K), generator=gen, dtype=torch.int32).to(backend.device)
+    tw = torch.rand(T, K, generator=gen).to(backend.device)
     good = kernels.moe(x, w13, w2, ids, tw)
     bad = ids.clone()
-    bad[3, 1], bad[7, 0] = E, -1 - 2**30
-    with pytest.raises(ValueError, match="topk_ids"):
+    bad[3, 1], bad[7, 0], bad[9, 1] = E, -1 - 2**30, -1
+    with pytest.raises(ValueError, match="topk_ids.* got 3 tokens"):
         kernels.moe(x, w13, w2, bad, tw)
     y = kernels.moe(x, w13, w2, bad, tw, validate=False)
     nan_rows = torch.isnan(y).all(dim=1).cpu()
-    assert nan_rows.tolist() == [t in (3, 7) for t in range(T)]
+    assert nan_rows.tolist() == [t in (3, 7, 9) for t in range(T)]
     keep = ~nan_rows
     assert torch.equal(y.cpu()[keep], good.cpu()[keep])
     deferred = kernels.moe(x, w13, w2, bad, tw, validate="deferred")       # no error at the call
@@ -144,11 +146,13 @@ def test_bad_ids_give_nan_rows_and_an_error_only_when_validated(route, backend):
 def test_decode_route_agrees_with_the_grouped_gemms(backend, budgets, monkeypatch):
     """A decode-sized call (T k <= E / 4: the matrix-vector route, no permutation, the slots summed
     in the down kernel) and the same call through the grouped GEMMs both pass the budget, with H
-    and I crossing column tiles and not multiples of them, x and the weights strided."""
+    and I crossing column tiles and not multiples of them, x and the weights strided, the first
+    and the last expert among the ids."""
     op = registry.get("moe")
     for shape, k in (((1, 72, 40, 64), 8), ((3, 37, 21, 32), 2), ((2, 64, 48, 128), 16)):
         case = _case("float32", shape=shape, top_k=k, w_layout="transposed", layout="sliced")
         inp = op.inputs(case, backend.device)
+        inp["topk_ids"][0, 0], inp["topk_ids"][-1, -1] = 0, shape[3] - 1
         assert kmoe._moe_gemv_route(shape[0], k, shape[3], None)
         budget = budgets.get("moe", "float32", backend.name)
         route = kernels.moe(*op._args(inp))
