@@ -73,6 +73,24 @@ def best_of(ts):
     return f"{min(ts):.1f} us ({'/'.join(f'{t:.1f}' for t in ts)})"
 
 
+def try_setting(tag, call, measure, y_ref, nbytes):
+    """One line: the setting's time (measure(), ms), GB/s and its output's largest difference
+    from y_ref, or why it failed (a tile that does not compile or launch)."""
+    try:
+        y = call()
+        diff = ((y.float() - y_ref.float()).abs().max() / y_ref.float().abs().max()).item()
+        ms = measure()
+        print(f"{tag} {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s max|diff|/max|y| {diff:.2e}", flush=True)
+    except Exception as exc:
+        print(f"{tag} failed: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+
+
+def print_profile(tag, call):
+    per = profile(call)
+    print(f"{tag} profile: " + ", ".join(f"{k} {v * 1e3:.1f} us" for k, v in sorted(per.items(), key=lambda kv: -kv[1])),
+          flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route, gemv, moe_gemv
@@ -327,18 +345,9 @@ def main():
             print(f"gemv {name} T{Td} GEMM route {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s", flush=True)
             for cfg in tiles:
                 km._MXFP4_GEMV_TILES.update(cfg)
-                try:
-                    y = call()
-                    diff = ((y.float() - y_gemm.float()).abs().max() / y_gemm.float().abs().max()).item()
-                    ms = graph_ms(call)
-                    print(f"gemv {name} T{Td} cfg {cfg} {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s "
-                          f"max|diff|/max|y| {diff:.2e}", flush=True)
-                except Exception as exc:                  # a tile that does not compile or launch
-                    print(f"gemv {name} T{Td} cfg {cfg} failed: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+                try_setting(f"gemv {name} T{Td} cfg {cfg}", call, lambda: graph_ms(call), y_gemm, nbytes)
             km._MXFP4_GEMV_TILES.update(base)
-            per = profile(call)
-            print(f"gemv {name} T{Td} profile: " + ", ".join(f"{kk} {v * 1e3:.1f} us" for kk, v in
-                                                            sorted(per.items(), key=lambda kv: -kv[1])), flush=True)
+            print_profile(f"gemv {name} T{Td}", call)
             del q13, s13, q2, s2
             torch.cuda.empty_cache()
         km._MXFP4_GEMV_TILES.update(base)
@@ -371,19 +380,10 @@ def main():
             for label, change in variants.items():
                 km._MOE_GEMV.update(base)
                 km._MOE_GEMV.update(change)
-                try:
-                    y = call()
-                    diff = ((y.float() - y_gemm.float()).abs().max() / y_gemm.float().abs().max()).item()
-                    ms = graph_ms(layers) / 4
-                    print(f"moe_gemv {name} T{Td} route {label}: {ms * 1e3:.1f} us {gbps(nbytes, ms):.0f} GB/s a layer, "
-                          f"max|diff|/max|y| {diff:.2e}", flush=True)
-                except Exception as exc:                  # a setting that does not compile or launch
-                    print(f"moe_gemv {name} T{Td} route {label} failed: {type(exc).__name__}: {str(exc)[:160]}",
-                          flush=True)
+                try_setting(f"moe_gemv {name} T{Td} route {label} (a layer)", call, lambda: graph_ms(layers) / 4,
+                            y_gemm, nbytes)
             km._MOE_GEMV.update(base)
-            per = profile(call)
-            print(f"moe_gemv {name} T{Td} profile: " + ", ".join(f"{kk} {v * 1e3:.1f} us" for kk, v in
-                                                                sorted(per.items(), key=lambda kv: -kv[1])), flush=True)
+            print_profile(f"moe_gemv {name} T{Td}", call)
             del x, w13, w2, copies
             torch.cuda.empty_cache()
         km._MOE_GEMV.update(base)
