@@ -809,7 +809,7 @@ _moe_gemv_down_kernel = by_alignment(_moe_gemv_down_kernel, h="h_ptr I", w2="w2_
 # layers' calls in one CUDA graph, per layer (bench/explore_moe.py --part moe_gemv), against the
 # down kernel at 4 rows and 3 stages: Qwen3-MoE T 1 27.0 / 27.8 us, T 4 74.0 / 79.4, Mixtral T 1
 # 166.0 / 166.6 (2 rows, 5 stages or 256 columns: slower on all three; without dependent launch
-# 28.5 / 80.1 / 167.0). The interpreter takes 16 columns a step, so that its cases cross tiles.
+# 28.5 / 80.1 / 167.0). The interpreter takes 16 x 16 tiles, so that its cases cross tiles.
 # enabled False: the pointer GEMMs; pdl False: no dependent launch where the device has it. max_share: the route serves T k <= E max_share (at T 1 the k
 # experts are distinct; more entries an expert would each read the expert's weights again).
 _MOE_GEMV = dict(up_n=4, up_k=256, down_n=8, down_k=512, warps=4, stages=3, down_stages=4, max_share=0.25,
@@ -827,9 +827,10 @@ def _moe_gemv(x, w13, w2, topk_ids, topk_weights, out, validate):
     K = topk_ids.shape[1]
     E, I = w13.shape[0], w2.shape[2]
     c = _MOE_GEMV
-    cap = 16 if interpreting() else None
-    bk_up = min(cap or c["up_k"], max(16, next_power_of_2(H)))
-    bk_dn = min(cap or c["down_k"], max(16, next_power_of_2(I)))
+    if interpreting():      # 16 x 16 tiles: the cases cross row and column tiles, in few programs
+        c = {**c, "up_n": 16, "up_k": 16, "down_n": 16, "down_k": 16}
+    bk_up = min(c["up_k"], max(16, next_power_of_2(H)))
+    bk_dn = min(c["down_k"], max(16, next_power_of_2(I)))
     h = allocate((T * K, I), x.dtype, x.device, name="h")
     pdl = pdl_launch(x.device) if c["pdl"] else dict(PDL=False, launch_pdl=False)
     _moe_gemv_up_kernel[(T * K, cdiv(I, c["up_n"]))](
