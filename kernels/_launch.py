@@ -78,10 +78,10 @@ def dependent_launch(device) -> bool:
 _PDL_ON, _PDL_OFF = dict(PDL=True, launch_pdl=True), dict(PDL=False, launch_pdl=False)
 
 
-def pdl_launch(device) -> dict:
+def pdl_launch(device, enabled: bool = True) -> dict:
     """The launch keywords of a kernel with a PDL flag: the flag and Triton's launch_pdl, both
-    dependent_launch(device)."""
-    return _PDL_ON if dependent_launch(device) else _PDL_OFF
+    dependent_launch(device) (and `enabled`: a launcher's own switch, for benchmarks)."""
+    return _PDL_ON if enabled and dependent_launch(device) else _PDL_OFF
 
 
 def _fmt_dtype(dtype) -> str:

@@ -810,8 +810,9 @@ _moe_gemv_down_kernel = by_alignment(_moe_gemv_down_kernel, h="h_ptr I", w2="w2_
 # down kernel at 4 rows and 3 stages: Qwen3-MoE T 1 27.0 / 27.8 us, T 4 74.0 / 79.4, Mixtral T 1
 # 166.0 / 166.6 (2 rows, 5 stages or 256 columns: slower on all three; without dependent launch
 # 28.5 / 80.1 / 167.0). The interpreter takes 16 x 16 tiles, so that its cases cross tiles.
-# enabled False: the pointer GEMMs; pdl False: no dependent launch where the device has it. max_share: the route serves T k <= E max_share (at T 1 the k
-# experts are distinct; more entries an expert would each read the expert's weights again).
+# enabled False: the pointer GEMMs; pdl False: no dependent launch where the device has it.
+# max_share: the route serves T k <= E max_share (at T 1 the k experts are distinct; more entries
+# an expert would each read the expert's weights again).
 _MOE_GEMV = dict(up_n=4, up_k=256, down_n=8, down_k=512, warps=4, stages=3, down_stages=4, max_share=0.25,
                  enabled=True, pdl=True)
 
@@ -832,7 +833,7 @@ def _moe_gemv(x, w13, w2, topk_ids, topk_weights, out, validate):
     bk_up = min(c["up_k"], max(16, next_power_of_2(H)))
     bk_dn = min(c["down_k"], max(16, next_power_of_2(I)))
     h = allocate((T * K, I), x.dtype, x.device, name="h")
-    pdl = pdl_launch(x.device) if c["pdl"] else dict(PDL=False, launch_pdl=False)
+    pdl = pdl_launch(x.device, c["pdl"])
     _moe_gemv_up_kernel[(T * K, cdiv(I, c["up_n"]))](
         x, w13, h, topk_ids, E, H, I, K, x.stride(0), x.stride(1), *w13.stride(), *topk_ids.stride(),
         EVEN_K=H % bk_up == 0, BLOCK_N=c["up_n"], BLOCK_K=bk_up, STAGES=c["stages"], num_warps=c["warps"], **pdl)
@@ -842,8 +843,7 @@ def _moe_gemv(x, w13, w2, topk_ids, topk_weights, out, validate):
         h, w2, topk_ids, topk_weights, out, bad, E, H, I, K, *w2.stride(), *topk_ids.stride(),
         *topk_weights.stride(), COUNT_BAD=count, EVEN_K=I % bk_dn == 0, BLOCK_S=max(2, next_power_of_2(K)),
         BLOCK_N=c["down_n"], BLOCK_K=bk_dn, STAGES=c["down_stages"], num_warps=c["warps"], **pdl)
-    if count:
-        report_errors(bad, validate, "moe", functools.partial(_bad_ids, E), functools.partial(_id_range, topk_ids))
+    _report_bad_ids(bad, validate, "moe", E, topk_ids)
 
 
 def _combine(buf, inv, topk_weights, out, E, topk_ids, validate, launcher):
@@ -860,8 +860,15 @@ def _combine(buf, inv, topk_weights, out, E, topk_ids, validate, launcher):
     _moe_combine_kernel[(cdiv(T, block_t), cdiv(H, block_n))](
         buf, inv, topk_weights, bad, out, T, H, K, *topk_weights.stride(), COUNT_BAD=count,
         K_UNROLLED=K if K <= c["unroll"] else 0, BLOCK_T=block_t, BLOCK_N=block_n, num_warps=c["warps"])
-    if count:
-        report_errors(bad, validate, launcher, functools.partial(_bad_ids, E), functools.partial(_id_range, topk_ids))
+    _report_bad_ids(bad, validate, launcher, E, topk_ids)
+
+
+def _report_bad_ids(word, validate, launcher, E, topk_ids):
+    """The ids' check of both layers' last kernel (the combine, or the decode route's down
+    kernel): the count of tokens with an id outside [0, E) in the call's error word
+    (kernels/_launch.py), read back once by validate=True, copied without a sync by "deferred"."""
+    if validate is not False:
+        report_errors(word, validate, launcher, functools.partial(_bad_ids, E), functools.partial(_id_range, topk_ids))
 
 
 def _bad_ids(E, n_tokens):
