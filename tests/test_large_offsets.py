@@ -795,18 +795,20 @@ def test_moe_reads_and_writes_tokens_past_2_31_elements(op, dtype, config, path,
 
 @pytest.mark.parametrize("op,dtype,config,layout", [
     pytest.param("moe_mxfp4", dt, "huge", lay, id=f"{dt}-{lay}", marks=pytest.mark.op("moe_mxfp4"))
-    for dt in ("float16", "bfloat16") for lay in ("decode", "prefill")])
+    for dt, lay in (("float16", "decode"), ("float16", "prefill"), ("bfloat16", "decode"), ("bfloat16", "prefill"),
+                    ("bfloat16", "gemv"))])
 def test_moe_mxfp4_reads_experts_past_2_31_bytes(op, dtype, config, layout, backend, budgets):
     """w13_q, w13_scales, w2_q and w2_scales as views of one uint8 storage (2 GiB), each expert's
     four side by side and the experts 2^30 + 64 bytes apart: expert 2's codes and scales start
     past 2^31 bytes, and the expert stride is an int32 argument, so only int64 expert indices
     reach them. Every token goes to experts 0 and 2. decode: 4 tokens (16-row blocks); prefill:
-    256 (64-row blocks); bf16 takes tl.dot_scaled on a GPU (normal weights: no special scale)."""
+    256 (64-row blocks); bf16 takes tl.dot_scaled on a GPU (normal weights: no special scale);
+    gemv: 1 token, bf16 (T k <= E: the matrix-vector decode route, codes read as int32 words)."""
     assert backend.name == "gpu", "hours in the interpreter (declared gap interp-huge-rows)"
     from harness.ops.moe import float_weights, quantize
 
     E, H, I, apart = 3, 512, 256, 2**30 + 64
-    T = {"decode": 4, "prefill": 256}[layout]
+    T = {"decode": 4, "prefill": 256, "gemv": 1}[layout]
     dev, g = backend.device, torch.Generator().manual_seed(15)
     rows = {"w13_q": (2 * I, H // 2), "w13_scales": (2 * I, H // 32), "w2_q": (H, I // 2), "w2_scales": (H, I // 32)}
     storage = torch.empty(2 * apart + sum(r * c for r, c in rows.values()), dtype=torch.uint8, device=dev)
@@ -823,6 +825,8 @@ def test_moe_mxfp4_reads_experts_past_2_31_bytes(op, dtype, config, layout, back
     assert w["w13_q"][2].storage_offset() > 2**31
     x = torch.randn(T, H, generator=g).to(getattr(torch, dtype)).to(dev)
     ids, tw = _routed(T, used, g, dev)
+    from kernels.moe import _mxfp4_gemv_words
+    assert (_mxfp4_gemv_words(x.dtype, w["w13_q"], w["w2_q"], T, 2, E, None) is not None) == (layout == "gemv")
     y = kernels.moe_mxfp4(x, *w.values(), ids, tw)
     n = min(T, 8)
     tids, *compact = _compact(ids[-n:], used, *w.values())

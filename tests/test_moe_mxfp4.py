@@ -212,6 +212,66 @@ def test_decode_route_widening_is_exact(fold, backend):
     assert torch.equal(fast[~nan].view(torch.int32), exact[~nan].view(torch.int32))
 
 
+def _decode_layer(x_dtype, T, H, I, E, K, device, seed=3):
+    """A decode-sized moe_mxfp4 call's arguments: float weights quantized by quantize_mxfp4."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=gen).to(DTYPES[x_dtype]).to(device)
+    q13, s13 = kernels.quantize_mxfp4((torch.randn(E * 2 * I, H, generator=gen) / 8).to(device))
+    q2, s2 = kernels.quantize_mxfp4((torch.randn(E * H, I, generator=gen) / 8).to(device))
+    w = (q13.view(E, 2 * I, -1), s13.view(E, 2 * I, -1), q2.view(E, H, -1), s2.view(E, H, -1))
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)]).to(torch.int32).to(device)
+    return x, w, ids, torch.rand(T, K, generator=gen).to(device)
+
+
+@pytest.mark.parametrize("x_dtype", ["float32", "bfloat16"])
+def test_decode_route_bad_ids_give_nan_rows_and_an_error_only_when_validated(x_dtype, backend):
+    """The decode route's down kernel checks the ids itself (no permutation, no combine): a token
+    with an id outside [0, E) gets a NaN row, the other rows are bit-equal to a good call's;
+    validate=True raises naming topk_ids and the count of such tokens, "deferred" at
+    raise_deferred_errors(), validate=False never (5 tokens of 3 slots over 24 experts; the down
+    kernel's columns over several tiles)."""
+    kmoe = __import__("kernels.moe", fromlist=["_mxfp4_gemv_words"])
+    T, H, I, E, K = 5, 96, 64, 24, 3
+    x, w, ids, tw = _decode_layer(x_dtype, T, H, I, E, K, backend.device)
+    assert kmoe._mxfp4_gemv_words(x.dtype, w[0], w[2], T, K, E, None) is not None, "not the decode route"
+    good = kernels.moe_mxfp4(x, *w, ids, tw)
+    bad = ids.clone()
+    bad[1, 2], bad[3, 0] = E, -1 - 2**30
+    with pytest.raises(ValueError, match="topk_ids.* got 2 tokens"):
+        kernels.moe_mxfp4(x, *w, bad, tw)
+    y = kernels.moe_mxfp4(x, *w, bad, tw, validate=False)
+    nan_rows = torch.isnan(y).all(dim=1).cpu()
+    assert nan_rows.tolist() == [t in (1, 3) for t in range(T)]
+    assert torch.equal(y.cpu()[~nan_rows], good.cpu()[~nan_rows])
+    deferred = kernels.moe_mxfp4(x, *w, bad, tw, validate="deferred")
+    assert torch.equal(torch.isnan(deferred).all(dim=1).cpu(), nan_rows)
+    with pytest.raises(ValueError, match="topk_ids.*earlier moe_mxfp4 call"):
+        kernels.raise_deferred_errors()
+    kernels.raise_deferred_errors()
+
+
+def test_decode_route_agrees_with_the_gemm_route(backend, budgets, monkeypatch):
+    """A decode-sized call and the same call through the widening GEMMs both pass the budget and
+    agree to fp32's summation-order differences: x strided, H and I crossing tiles, the first and
+    last expert among the ids, one slot a token up to 8, a token naming one expert twice."""
+    kmoe = __import__("kernels.moe", fromlist=["_MXFP4_GEMV_TILES"])
+    op = registry.get("moe_mxfp4")
+    budget = budgets.get("moe_mxfp4", "float32", backend.name)
+    for shape, k in (((1, 96, 160, 8), 8), ((3, 160, 96, 16), 2), ((2, 64, 32, 4), 1)):
+        inp = op.inputs(_case("float32", shape=shape, top_k=k, layout="sliced"), backend.device)
+        inp["topk_ids"][0, 0], inp["topk_ids"][-1, -1] = 0, shape[3] - 1
+        if k == 2:
+            inp["topk_ids"][1] = 5
+        assert kmoe._mxfp4_gemv_words(torch.float32, inp["w13_q"], inp["w2_q"], shape[0], k, shape[3], None)
+        route = kernels.moe_mxfp4(*op._args(inp))
+        monkeypatch.setitem(kmoe._MXFP4_GEMV_TILES, "enabled", False)
+        gemms = kernels.moe_mxfp4(*op._args(inp))
+        monkeypatch.setitem(kmoe._MXFP4_GEMV_TILES, "enabled", True)
+        for got in (route, gemms):
+            assert _judge(op, inp, got, budget).passed, f"{shape} top {k}"
+        assert torch.allclose(route.cpu(), gemms.cpu(), rtol=1e-5, atol=1e-6), f"{shape} top {k}"
+
+
 def test_deterministic(backend):
     """The combine sums a token's rows in slot order (no atomics): two runs are bit-identical."""
     op = registry.get("moe_mxfp4")
