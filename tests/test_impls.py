@@ -14,6 +14,7 @@ from harness import impls
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = "rmsnorm=tests.impl_examples:rmsnorm"
 BUGGY = "rmsnorm=tests.impl_examples:rmsnorm_eps_outside"
+OPS_TESTS = "tests/test_ops.py"     # where test_pinned lives: the runs collect only that file
 
 
 def _pytest(*args, cwd=ROOT, timeout=300):
@@ -42,7 +43,7 @@ def test_a_correct_implementation_passes_and_the_run_says_what_it_checked(tmp_pa
 
 
 def test_a_buggy_implementation_fails_with_a_replay_that_names_it():
-    run = _pytest("--impl", BUGGY, "-x", "-k", "test_pinned")
+    run = _pytest("--impl", BUGGY, "-x", "-k", "test_pinned", OPS_TESTS)
     assert run.returncode == 1, run.stdout[-3000:]
     assert f"(implementation {BUGGY}) FAILED" in run.stdout
     replay = next(line.split("replay", 1)[1].strip() for line in run.stdout.splitlines() if "  replay   " in line)
@@ -55,13 +56,13 @@ def test_a_buggy_implementation_fails_with_a_replay_that_names_it():
 def test_a_baseline_records_its_implementation_and_the_gate_refuses_another(tmp_path):
     base = tmp_path / "base.json"
     # (a plain function counts as Triton code: the interpreter's bf16 gaps would apply to it)
-    run = _pytest("--impl", GOOD, "-k", "test_pinned", "--dtype", "float32", f"--baseline={base}",
+    run = _pytest("--impl", GOOD, "-k", "test_pinned", "--dtype", "float32", f"--baseline={base}", OPS_TESTS,
                   "--update-baseline")
     assert run.returncode == 0, run.stdout[-3000:]
     assert json.loads(base.read_text())["meta"]["impls"] == {"rmsnorm": "tests.impl_examples:rmsnorm"}
-    ours = _pytest("--op", "rmsnorm", "-k", "test_pinned", "--dtype", "float32", f"--baseline={base}")
+    ours = _pytest("--op", "rmsnorm", "-k", "test_pinned", "--dtype", "float32", f"--baseline={base}", OPS_TESTS)
     assert ours.returncode == 4 and "another implementation's errors do not compare" in ours.stderr + ours.stdout
-    other = _pytest("--impl", BUGGY, "-k", "test_pinned", "--dtype", "float32", f"--baseline={base}")
+    other = _pytest("--impl", BUGGY, "-k", "test_pinned", "--dtype", "float32", f"--baseline={base}", OPS_TESTS)
     assert other.returncode == 4
 
 

@@ -56,6 +56,7 @@ def test_the_memo_changes_no_bit_and_restores_the_language(dtype, backend, monke
 
     def as_shipped():
         monkeypatch.setattr(it, "_patch_lang", counted)
+        monkeypatch.setattr(it, "_patch_builtin", interp_speed.ORIGINAL["_patch_builtin"])
         monkeypatch.setattr(it.GridExecutor, "__call__", interp_speed.ORIGINAL["GridExecutor.__call__"])
         monkeypatch.setattr(it, "_get_np_dtype", interp_speed.ORIGINAL["_get_np_dtype"])
         for name, (cls, attr) in types.items():
@@ -63,13 +64,16 @@ def test_the_memo_changes_no_bit_and_restores_the_language(dtype, backend, monke
 
     def memoised():
         monkeypatch.setattr(it, "_patch_lang", memo_patch)
+        monkeypatch.setattr(it, "_patch_builtin", memo_builtin)
         monkeypatch.setattr(it.GridExecutor, "__call__", memo_call)
         monkeypatch.setattr(it, "_get_np_dtype", memo_np_dtype)
         for name, (cls, attr) in types.items():
             monkeypatch.setattr(cls, attr, memo_types[name])
 
     memo_patch, memo_call, memo_np_dtype = it._patch_lang, it.GridExecutor.__call__, it._get_np_dtype
+    memo_builtin = it._patch_builtin
     assert memo_np_dtype is not interp_speed.ORIGINAL["_get_np_dtype"]
+    assert memo_builtin is not interp_speed.ORIGINAL["_patch_builtin"], "the builtin scan's memo is not installed"
     monkeypatch.setitem(interp_speed.ORIGINAL, "_patch_lang", counted)
     # Triton's own interpreter leaves some tl.core builtins patched after a launch (a helper's
     # patch of a module the kernel's does not see is never restored): a first launch, then the
@@ -112,3 +116,32 @@ def test_the_dtype_table_answers_as_the_interpreter(backend):
         slow(tl.void)
     with pytest.raises(KeyError):
         fast(tl.void)
+
+
+def test_the_builtin_scan_memo_patches_what_the_scan_would(backend):
+    """_patch_builtin with its scan kept (interp_speed._install_builtin_memo) wraps the same
+    members of each package, in the same order, as the interpreter's own scan; and neither
+    wraps anything of a package that a patch already holds."""
+    if backend.name != "interpreter":
+        assert not interp_speed._installed
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+    memo, scan = it._patch_builtin, interp_speed.ORIGINAL["_patch_builtin"]
+    assert memo is not scan
+    # (not tl.core: a helper's patch of it may be left in place by the interpreter, see above)
+    for pkg in (tl, tl.tensor, tl.math, tl.core.tensor_descriptor_base):
+        changed = []
+        for patch in (scan, memo, memo):
+            scope = it._LangPatchScope()
+            patch(pkg, it.interpreter_builder, scope)
+            changed.append([(obj, name, original) for obj, name, original in scope._changes])
+            again = []
+            for other in (scan, memo):
+                inner = it._LangPatchScope()
+                other(pkg, it.interpreter_builder, inner)
+                again.append(inner._changes)
+                inner.restore()
+            scope.restore()
+            assert again == [[], []], f"{pkg}: a patched package patched again"
+        assert changed[0] and changed[0] == changed[1] == changed[2], pkg

@@ -223,15 +223,15 @@ def _decode_layer(x_dtype, T, H, I, E, K, device, seed=3):
     return x, w, ids, torch.rand(T, K, generator=gen).to(device)
 
 
-@pytest.mark.parametrize("x_dtype", ["float32", "bfloat16"])
-def test_decode_route_bad_ids_give_nan_rows_and_an_error_only_when_validated(x_dtype, backend):
+def test_decode_route_bad_ids_give_nan_rows_and_an_error_only_when_validated(backend):
     """On the decode route (permutation with blocks of one entry, matrix-vector products, the
     combine) a token with an id outside [0, E) gets a NaN row, the other rows are bit-equal to a
     good call's; validate=True raises naming topk_ids and the count of such tokens, "deferred" at
-    raise_deferred_errors(), validate=False never (5 tokens of 3 slots over 24 experts)."""
+    raise_deferred_errors(), validate=False never (5 tokens of 3 slots over 24 experts; fp32 x:
+    the ids' path does not depend on x's dtype)."""
     kmoe = __import__("kernels.moe", fromlist=["_mxfp4_gemv_words"])
     T, H, I, E, K = 5, 96, 64, 24, 3
-    x, w, ids, tw = _decode_layer(x_dtype, T, H, I, E, K, backend.device)
+    x, w, ids, tw = _decode_layer("float32", T, H, I, E, K, backend.device)
     assert kmoe._mxfp4_gemv_words(x.dtype, w[0], w[2], T, K, E, None) is not None, "not the decode route"
     good = kernels.moe_mxfp4(x, *w, ids, tw)
     bad = ids.clone()
