@@ -4,6 +4,7 @@ only the kernels count). Informs kernels/mla.py's _tiles and _splits (bench/NOTE
 
     python bench/explore_mla.py [--paged] [--graph] [--rows 0,3]
     python bench/explore_mla.py --graph --splits 2,4,8 [--batches 16,64] [--reps 2]
+    python bench/explore_mla.py --graph --splits "" --compare-pdl [--paged]
 
 --paged: the cache as a pool of 64-position pages in a random order (bench_mla's); --graph: time
 each configuration captured in a CUDA graph (the kernels' time without the host's).
@@ -37,6 +38,8 @@ def main():
     parser.add_argument("--splits", help="comma-separated split counts: sweep these alone, tiles by shape")
     parser.add_argument("--batches", help="with --splits: comma-separated B values for every row")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--compare-pdl", action="store_true",
+                        help="with --splits: each count with and without programmatic dependent launch")
     for name in ("block_h", "block_n", "num_warps", "num_stages"):
         parser.add_argument("--" + name.replace("_", "-"), help=f"comma-separated {name} values to sweep")
     args = parser.parse_args()
@@ -46,7 +49,7 @@ def main():
     copy = copy_ceiling()
     print(f"copy ceiling {copy:.0f} GB/s; page mode {args.page_mode}; paged {args.paged}, CUDA graph {args.graph}", flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
-    if args.splits:
+    if args.splits is not None:
         sweep_splits(args, copy, g)
         return
     for H, B, T, Tq in (ROWS[int(i)] for i in args.rows.split(",")):
@@ -101,7 +104,11 @@ def row_inputs(H, B, T, Tq, args, g):
 
 def sweep_splits(args, copy, g):
     """Each row (and batch) against every split count of --splits and the automatic one."""
-    counts = [None] + [int(v) for v in args.splits.split(",")]
+    mla = sys.modules["kernels.mla"]
+    counts = [None] + [int(v) for v in args.splits.split(",") if v]
+    default = dict(mla._PDL)
+    pdls = (True, False) if args.compare_pdl else (None,)
+    counts = [(n, pdl) for n in counts for pdl in pdls]
     rows = [ROWS[int(i)] for i in args.rows.split(",")]
     if args.batches:
         rows = [(H, B, T, Tq) for H, _, T, Tq in rows for B in (int(b) for b in args.batches.split(","))]
@@ -109,16 +116,19 @@ def sweep_splits(args, copy, g):
         q_nope, q_pe, c_kv, k_pe, lens, table, nbytes, flops = row_inputs(H, B, T, Tq, args, g)
         times = {n: [] for n in counts}
         for _ in range(args.reps):
-            for n in counts:
+            for n, pdl in counts:
+                mla._PDL = default if pdl is None else {"narrow": pdl, "wide": pdl}
                 fn = lambda: kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.07, page_table=table,  # noqa: E731
                                                 num_splits=n, validate=False)
                 fn()
                 if args.graph:
                     fn = cuda_graph(fn)
-                times[n].append(do_bench(fn, warmup=10, rep=40, return_mode="median"))
-        for n in counts:
-            ms = min(times[n])
-            print(f"H{H} B{B} T{T} Tq{Tq} splits {n or 'auto'}: {ms * 1e3:8.1f} us ({'/'.join(f'{t * 1e3:.1f}' for t in times[n])})"
+                times[(n, pdl)].append(do_bench(fn, warmup=10, rep=40, return_mode="median"))
+        mla._PDL = default
+        for n, pdl in counts:
+            ms = min(times[(n, pdl)])
+            print(f"H{H} B{B} T{T} Tq{Tq} splits {n or 'auto'} pdl {pdl}: {ms * 1e3:8.1f} us "
+                  f"({'/'.join(f'{t * 1e3:.1f}' for t in times[(n, pdl)])})"
                   f"  {100 * nbytes / ms / 1e6 / copy:3.0f}% copy  {flops / ms / 1e9:5.0f} TFLOP/s", flush=True)
         del q_nope, q_pe, c_kv, k_pe
         torch.cuda.empty_cache()

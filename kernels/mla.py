@@ -23,8 +23,9 @@ import triton.language as tl
 
 from kernels._launch import (allocate, bad_pages, cdiv, check_finite, check_same_device, check_same_dtype,
                              check_tensor, check_validate, error_word, interpreting, merge_splits, new_out,
-                             next_power_of_2, paged_detail, paged_host_word, paged_problems, report_errors,
-                             sm_count)
+                             next_power_of_2, paged_detail, paged_host_word, paged_problems, pdl_launch,
+                             report_errors, sm_count)
+from kernels._device import launch_next_kernel, wait_for_previous_kernel
 from kernels._variants import by_alignment
 
 _LOG2E = 1.4426950408889634
@@ -42,6 +43,11 @@ _SHARED_BYTES = 224 * 1024
 _SPLIT_PLAN = {"narrow": (2, 4), "wide": (1, 4), "interpreter": (4, 4)}
 _INTERPRETER_SMS = 2
 _PAGE_MODE = None           # 0: always a page index a position (tests and bench/explore_mla.py compare the modes)
+# Programmatic dependent launch (where the device has it) by split plan. H200, 4 calls in one CUDA
+# graph, per call (bench/explore_mla_pdl.py): H 16 B 64 T 4096 85.6 / 86.7 us with / without, T 32768
+# 553.6 / 554.9, B 128 Tq 2 389.0 / 391.2; H 128 B 64 T 4096 285.9 / 285.4, B 16 T 32768 566.0 / 561.2
+# (one 8-warp program an SM: the early launch only competes with it).
+_PDL = {"narrow": True, "wide": False}
 
 
 @triton.jit
@@ -61,7 +67,7 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
                        so_b, so_r, so_s, ss_p, ss_b, ss_r, qk_scale,
                        PAGED: tl.constexpr, PAGE_MODE: tl.constexpr, FINAL: tl.constexpr, EVEN_L: tl.constexpr,
                        EVEN_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
-                       BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, PRECISION: tl.constexpr):
+                       BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     """Program (row block, split, b): rows [pid0 * BLOCK_H, +BLOCK_H) of sequence b against
     positions [split * chunk, (split + 1) * chunk).
 
@@ -77,6 +83,7 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
     its split's pages up to the length, also those past what its own rows read (later query
     tokens'), so all of them agree, and the combine carries a split's NaN l to every row. The
     loop clamps each index it loads into range all the same."""
+    wait_for_previous_kernel(PDL)
     b = tl.program_id(2).to(tl.int64)
     split = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -152,6 +159,7 @@ def _mla_decode_kernel(qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, lens_ptr, table_ptr, o_
         acc = tl.dot(p.to(ckv.dtype), ckv, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
+    launch_next_kernel(PDL)
     # A row that saw nothing has l == 0: zeros (and lse -inf). l is NaN once a NaN was read.
     out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
     out = tl.where(seq_ok, out, float("nan"))
@@ -176,10 +184,12 @@ _mla_decode_kernel = by_alignment(
 
 @triton.jit
 def _mla_combine_kernel(part_ptr, stat_ptr, o_ptr, lse_ptr, L, num_splits, sp_b, sp_r, sp_s, ss_p, ss_b, ss_r,
-                        so_b, so_r, sl_b, qk_scale, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr):
+                        so_b, so_r, sl_b, qk_scale, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr,
+                        PDL: tl.constexpr):
     """Row pid0 of sequence pid1: o = sum_s w_s o_s / sum_s w_s, w_s = l_s 2^((m_s - max m) scale),
     the exact merge of the splits' softmaxes, and lse = max m scale + log(sum_s w_s). Splits that
     saw nothing have m -inf, l 0 and weight 0; a row no split saw gets zeros and lse -inf."""
+    wait_for_previous_kernel(PDL)
     r = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
     offs_l = tl.arange(0, BLOCK_L)
@@ -187,6 +197,7 @@ def _mla_combine_kernel(part_ptr, stat_ptr, o_ptr, lse_ptr, L, num_splits, sp_b,
     stats = stat_ptr + b * ss_b + r * ss_r
     out, total, ref = merge_splits(part_ptr + b * sp_b + r * sp_r, stats, stats + ss_p, num_splits, sp_s, L, qk_scale,
                                    BLOCK_S, BLOCK_L)
+    launch_next_kernel(PDL)
     tl.store(o_ptr + b * so_b + r * so_r + offs_l, out.to(o_ptr.dtype.element_ty), mask=l_ok)
     lse = tl.where(total == 0.0, -float("inf"), (ref * qk_scale + tl.log2(total)) * 0.6931471805599453)
     tl.store(lse_ptr + b * sl_b + r, lse)
@@ -387,9 +398,11 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
     qk_scale = softmax_scale * _LOG2E
     # Paged addressing: 0, a page index a position; 1, a page index a tile (the tile lies in one page).
     page_mode = -1 if page_table is None else int(page_size % bn == 0 and _PAGE_MODE != 0)
+    pdl = pdl_launch(q_nope.device, _PDL["narrow" if bh <= 32 else "wide"])
     common = dict(PAGED=page_table is not None, PAGE_MODE=page_mode, EVEN_L=L == bl, EVEN_R=R == br, BLOCK_H=bh,
                   BLOCK_N=bn, BLOCK_L=bl, BLOCK_R=br, BLOCK_P=128,
-                  PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
+                  PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
+                  **pdl)
     grid = (row_blocks, splits, B)
     if splits == 1:
         _mla_decode_kernel[grid](*args, o, lse, word, *sizes, o.stride(0), L, 0, 0, lse.stride(0), 1, qk_scale,
@@ -401,7 +414,8 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
                                  qk_scale, FINAL=False, **common)
         _mla_combine_kernel[(rows, B)](part_o, part_ml, o, lse, L, splits, *part_o.stride()[:3], *part_ml.stride()[:3],
                                        o.stride(0), L, lse.stride(0), qk_scale,
-                                       BLOCK_S=max(2, next_power_of_2(splits)), BLOCK_L=bl, num_warps=4)
+                                       BLOCK_S=max(2, next_power_of_2(splits)), BLOCK_L=bl, num_warps=4,
+                                       **pdl)
     report_errors(word, validate, "mla_decode", problems, detail)
     return o, lse
 
