@@ -1,8 +1,9 @@
 """mla_decode with and without programmatic dependent launch (GPU only), as a decode step runs it:
 LAYERS calls (each on its own cache) captured in one CUDA graph, per call; bench_mla's rows, bf16,
 L 512, R 64, contiguous caches, validate=False. Informs kernels/mla.py's _PDL (bench/NOTES.md).
+--splits: instead, the split counts given (and the automatic one) with the default launch.
 
-    python bench/explore_mla_pdl.py [--reps 3]
+    python bench/explore_mla_pdl.py [--reps 3] [--rows 0,2 --splits 2,3,5,6,8]
 """
 import argparse
 import sys
@@ -22,30 +23,35 @@ LAYERS = 4
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--rows", default=",".join(str(i) for i in range(len(ROWS))))
+    parser.add_argument("--splits", default="", help="comma-separated split counts to time instead of PDL on / off")
     args = parser.parse_args()
     args.paged, args.identity_pages = False, False
     mla = sys.modules["kernels.mla"]
     default = dict(mla._PDL)
     copy = copy_ceiling()
     g = torch.Generator(device="cuda").manual_seed(0)
-    for H, B, T, Tq in ROWS:
+    settings = [(None, s) for s in [None] + [int(v) for v in args.splits.split(",") if v]] if args.splits \
+        else [(True, None), (False, None)]
+    for H, B, T, Tq in (ROWS[int(i)] for i in args.rows.split(",")):
         layers = [row_inputs(H, B, T, Tq, args, g) for _ in range(LAYERS)]
         nbytes, flops = layers[0][6], layers[0][7]
-        times = {True: [], False: []}
+        times = {setting: [] for setting in settings}
         for _ in range(args.reps):
-            for pdl in (True, False):
-                mla._PDL = {"narrow": pdl, "wide": pdl}
+            for pdl, splits in settings:
+                mla._PDL = default if pdl is None else {"narrow": pdl, "wide": pdl}
 
                 def step():
                     for q_nope, q_pe, c_kv, k_pe, lens, table, _, _ in layers:
-                        kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.07, validate=False)
+                        kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.07, num_splits=splits, validate=False)
                 step()
-                times[pdl].append(do_bench(cuda_graph(step), warmup=10, rep=40, return_mode="median") / LAYERS)
+                times[(pdl, splits)].append(do_bench(cuda_graph(step), warmup=10, rep=40, return_mode="median") / LAYERS)
         mla._PDL = default
-        for pdl in (True, False):
-            ms = min(times[pdl])
-            print(f"H{H} B{B} T{T} Tq{Tq} pdl {pdl}: {ms * 1e3:8.1f} us a call in a graph of {LAYERS} "
-                  f"({'/'.join(f'{t * 1e3:.1f}' for t in times[pdl])})  {100 * nbytes / ms / 1e6 / copy:3.0f}% copy  "
+        for pdl, splits in settings:
+            ms = min(times[(pdl, splits)])
+            label = f"splits {splits or 'auto'}" if args.splits else f"pdl {pdl}"
+            print(f"H{H} B{B} T{T} Tq{Tq} {label}: {ms * 1e3:8.1f} us a call in a graph of {LAYERS} "
+                  f"({'/'.join(f'{t * 1e3:.1f}' for t in times[(pdl, splits)])})  {100 * nbytes / ms / 1e6 / copy:3.0f}% copy  "
                   f"{flops / ms / 1e9:5.0f} TFLOP/s", flush=True)
         del layers
         torch.cuda.empty_cache()
