@@ -50,6 +50,12 @@ _PAGE_MODE = None           # 0: always a page index a position (tests and bench
 _PDL = {"narrow": True, "wide": False}
 
 
+def _plan(block_h: int) -> str:
+    """A GPU launch's plan (_SPLIT_PLAN, _PDL): "narrow" for row blocks of up to 32 rows (H 16),
+    "wide" above (H 128: one 8-warp program an SM)."""
+    return "narrow" if block_h <= 32 else "wide"
+
+
 @triton.jit
 def _load_rows(ptrs, row_ok, col_ok, EVEN: tl.constexpr):
     """A [rows, BLOCK] tile, zeros where masked; EVEN (the width is the block's) drops the column
@@ -292,7 +298,7 @@ def _splits(programs, length, block_n, num_splits, device, block_h=64):
             wanted = cdiv(per_sm * sms, max(1, programs))
         else:
             sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-            per_sm, min_tiles = _SPLIT_PLAN["narrow" if block_h <= 32 else "wide"]
+            per_sm, min_tiles = _SPLIT_PLAN[_plan(block_h)]
             wanted = per_sm * sms // max(1, programs)
         num_splits = max(1, min(wanted, cdiv(length, min_tiles * block_n), _MAX_GRID_YZ))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= _MAX_GRID_YZ:
@@ -398,7 +404,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
     qk_scale = softmax_scale * _LOG2E
     # Paged addressing: 0, a page index a position; 1, a page index a tile (the tile lies in one page).
     page_mode = -1 if page_table is None else int(page_size % bn == 0 and _PAGE_MODE != 0)
-    pdl = pdl_launch(q_nope.device, _PDL["narrow" if bh <= 32 else "wide"])
+    pdl = pdl_launch(q_nope.device, _PDL[_plan(bh)])
     common = dict(PAGED=page_table is not None, PAGE_MODE=page_mode, EVEN_L=L == bl, EVEN_R=R == br, BLOCK_H=bh,
                   BLOCK_N=bn, BLOCK_L=bl, BLOCK_R=br, BLOCK_P=128,
                   PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,

@@ -212,10 +212,10 @@ def test_decode_route_widening_is_exact(fold, backend):
     assert torch.equal(fast[~nan].view(torch.int32), exact[~nan].view(torch.int32))
 
 
-def _decode_layer(x_dtype, T, H, I, E, K, device, seed=3):
-    """A decode-sized moe_mxfp4 call's arguments: float weights quantized by quantize_mxfp4."""
+def _decode_layer(T, H, I, E, K, device, seed=3):
+    """A decode-sized moe_mxfp4 call's arguments (fp32 x): float weights quantized by quantize_mxfp4."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, H, generator=gen).to(DTYPES[x_dtype]).to(device)
+    x = torch.randn(T, H, generator=gen).to(device)
     q13, s13 = kernels.quantize_mxfp4((torch.randn(E * 2 * I, H, generator=gen) / 8).to(device))
     q2, s2 = kernels.quantize_mxfp4((torch.randn(E * H, I, generator=gen) / 8).to(device))
     w = (q13.view(E, 2 * I, -1), s13.view(E, 2 * I, -1), q2.view(E, H, -1), s2.view(E, H, -1))
@@ -231,7 +231,7 @@ def test_decode_route_bad_ids_give_nan_rows_and_an_error_only_when_validated(bac
     the ids' path does not depend on x's dtype)."""
     kmoe = __import__("kernels.moe", fromlist=["_mxfp4_gemv_words"])
     T, H, I, E, K = 5, 96, 64, 24, 3
-    x, w, ids, tw = _decode_layer("float32", T, H, I, E, K, backend.device)
+    x, w, ids, tw = _decode_layer(T, H, I, E, K, backend.device)
     assert kmoe._mxfp4_gemv_words(x.dtype, w[0], w[2], T, K, E, None) is not None, "not the decode route"
     good = kernels.moe_mxfp4(x, *w, ids, tw)
     bad = ids.clone()
