@@ -93,9 +93,11 @@ def print_profile(tag, call):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route, gemv, moe_gemv
+    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route, gemv, gemv4, moe_gemv
     ap.add_argument("--decode-tiles", default=None, metavar="UPN,UPK,DNN,DNK,WARPS,STAGES;...",
                     help="the decode part's pointer tiles to sweep (default: four built in)")
+    ap.add_argument("--gemv-rows", default="qwen3:1,qwen3:4,qwen3:16,mixtral:1,mixtral:4",
+                    help="gemv4: the rows, model:T,...")
     ap.add_argument("--loose-capacity", action="store_true",
                     help="decode: also time the permutation's old capacity T k + E (block - 1)")
     args = ap.parse_args()
@@ -349,6 +351,50 @@ def main():
             km._MXFP4_GEMV_TILES.update(base)
             print_profile(f"gemv {name} T{Td}", call)
             del q13, s13, q2, s2
+            torch.cuda.empty_cache()
+        km._MXFP4_GEMV_TILES.update(base)
+
+    if "gemv4" in parts:
+        # moe_mxfp4's decode route as a decode step runs it: 4 layers' calls (each on its own copy of
+        # the codes) in one CUDA graph, per layer; its loop's settings taken in turn (2 rounds): the
+        # route's settings around the default (session 19's first round, against the route as session
+        # 18 left it: gate and up loops one after the other, one nibble at a time; it also had
+        # the loads pipelined 2-4 deep, each change alone, 16 / 64 rows; the second, BLOCK_K and row
+        # counts; the third, the entries in topk_ids' order against moe_permute's (since dropped), and
+        # dependent launch: results/gpu-h200/explore_moe_gemv4*.log).
+        base = dict(km._MXFP4_GEMV_TILES)
+        # ("pdl, down BLOCK_K 512": Mixtral's down tile with dependent launch; at Qwen3-MoE it forces
+        # that tile too)
+        variants = {"default": {}, "no pdl": dict(pdl=False), "pdl, down BLOCK_K 512": dict(long_from=1 << 30, down_k=512),
+                    "stages 3": dict(stages=3), "up BLOCK_K 512": dict(k=512, down_k=256), "2 warps": dict(warps=2),
+                    "wide from 2": dict(wide_from=2)}
+        rows = [r.split(":") for r in args.gemv_rows.split(",")]
+        for name, Td in ((n, int(t)) for n, t in rows):
+            x, q13, s13, q2, s2, ids, tw, nbytes = mxfp4_setup(name, Td)
+            copies = [(q13, s13, q2, s2)] + [tuple(t.clone() for t in (q13, s13, q2, s2)) for _ in range(3)]
+
+            def call():
+                return kernels.moe_mxfp4(x, q13, s13, q2, s2, ids, tw, validate=False)
+
+            def layers():
+                for c in copies:
+                    kernels.moe_mxfp4(x, *c, ids, tw, validate=False)
+            km._MXFP4_GEMV_TILES.update(base, enabled=False)
+            y_gemm = call()
+            print(f"gemv4 {name} T{Td} GEMM route {graph_ms(layers) / 4 * 1e3:.1f} us a layer", flush=True)
+            km._MXFP4_GEMV_TILES.update(base)
+            for rep in range(2):
+                for label, change in variants.items():
+                    km._MXFP4_GEMV_TILES.update(base)
+                    km._MXFP4_GEMV_TILES.update(change)
+                    try_setting(f"gemv4 {name} T{Td} {label} (a layer, round {rep})", call,
+                                lambda: graph_ms(layers) / 4, y_gemm, nbytes)
+            for label in ("default", "no pdl"):
+                km._MXFP4_GEMV_TILES.update(base)
+                km._MXFP4_GEMV_TILES.update(variants[label])
+                print_profile(f"gemv4 {name} T{Td} {label}", call)
+            km._MXFP4_GEMV_TILES.update(base)
+            del q13, s13, q2, s2, copies
             torch.cuda.empty_cache()
         km._MXFP4_GEMV_TILES.update(base)
 

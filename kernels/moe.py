@@ -531,10 +531,18 @@ def _moe_down_tma_kernel(h_desc, w_desc, buf_desc, H, I, block_expert_ptr, num_p
 
 
 @triton.jit
-def _combine_slot(acc, dropped, buf_ptr, inv_ptr, tw_ptr, rows, cols, row_ok, mask, s, K_SLOTS, H, st0, st1):
-    """acc += w[t, s] buf[inv[t k + s]] for the rows' slot s; dropped counts the unplaced."""
-    slot = tl.load(inv_ptr + rows * K_SLOTS + s, mask=row_ok, other=0)
-    placed = slot >= 0
+def _combine_slot(acc, dropped, buf_ptr, inv_ptr, tw_ptr, rows, cols, row_ok, mask, s, K_SLOTS, E, H, st0, st1,
+                  si0, si1, DIRECT: tl.constexpr):
+    """acc += w[t, s] buf[inv[t k + s]] for the rows' slot s; dropped counts the unplaced. DIRECT:
+    buf's rows are the entries themselves (t k + s) and inv_ptr is topk_ids (strides si0, si1): an
+    id outside [0, E) is an unplaced entry."""
+    if DIRECT:
+        e = tl.load(inv_ptr + rows * si0 + s * si1, mask=row_ok, other=0)
+        placed = (e >= 0) & (e < E)
+        slot = rows * K_SLOTS + s
+    else:
+        slot = tl.load(inv_ptr + rows * K_SLOTS + s, mask=row_ok, other=0)
+        placed = slot >= 0
     rw = tl.load(tw_ptr + rows * st0 + s * st1, mask=row_ok, other=0.0)
     part = tl.load(buf_ptr + slot.to(tl.int64)[:, None] * H + cols[None, :], mask=mask & placed[:, None],
                    other=0.0).to(tl.float32)
@@ -542,13 +550,15 @@ def _combine_slot(acc, dropped, buf_ptr, inv_ptr, tw_ptr, rows, cols, row_ok, ma
 
 
 @triton.jit
-def _moe_combine_kernel(buf_ptr, inv_ptr, tw_ptr, bad_ptr, y_ptr, T, H, K_SLOTS, st0, st1, COUNT_BAD: tl.constexpr,
-                        K_UNROLLED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+def _moe_combine_kernel(buf_ptr, inv_ptr, tw_ptr, bad_ptr, y_ptr, T, E, H, K_SLOTS, st0, st1, si0, si1,
+                        COUNT_BAD: tl.constexpr, K_UNROLLED: tl.constexpr, BLOCK_T: tl.constexpr,
+                        BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr):
     """y[t] = sum over the slots s = 0, 1, .. of w[t, s] buf[inv[t k + s]], in fp32 in that
     order; rounded once. A token with an id outside [0, E) (moe_permute placed it nowhere:
-    inv = -1) gets a NaN row, never a partial sum, and COUNT_BAD counts such tokens into
-    bad_ptr. K_UNROLLED (K_SLOTS itself, or 0): the slots' loop unrolled, so that every slot's
-    loads can be in flight at once instead of one slot's index, then its row, in turn."""
+    inv = -1; DIRECT: _combine_slot) gets a NaN row, never a partial sum, and COUNT_BAD counts such
+    tokens into bad_ptr. K_UNROLLED (K_SLOTS itself, or 0): the slots' loop unrolled, so that every
+    slot's loads can be in flight at once instead of one slot's index, then its row, in turn."""
+    wait_for_previous_kernel(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < T
@@ -558,11 +568,12 @@ def _moe_combine_kernel(buf_ptr, inv_ptr, tw_ptr, bad_ptr, y_ptr, T, H, K_SLOTS,
     if K_UNROLLED:
         for s in tl.static_range(K_UNROLLED):
             acc, dropped = _combine_slot(acc, dropped, buf_ptr, inv_ptr, tw_ptr, rows, cols, row_ok, mask, s,
-                                         K_UNROLLED, H, st0, st1)
+                                         K_UNROLLED, E, H, st0, st1, si0, si1, DIRECT)
     else:
         for s in range(0, K_SLOTS):
             acc, dropped = _combine_slot(acc, dropped, buf_ptr, inv_ptr, tw_ptr, rows, cols, row_ok, mask, s,
-                                         K_SLOTS, H, st0, st1)
+                                         K_SLOTS, E, H, st0, st1, si0, si1, DIRECT)
+    launch_next_kernel(PDL)
     acc = tl.where(dropped[:, None] > 0, float("nan"), acc)
     tl.store(y_ptr + rows[:, None] * H + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
     if COUNT_BAD:
@@ -846,10 +857,12 @@ def _moe_gemv(x, w13, w2, topk_ids, topk_weights, out, validate):
     _report_bad_ids(bad, validate, "moe", E, topk_ids)
 
 
-def _combine(buf, inv, topk_weights, out, E, topk_ids, validate, launcher):
+def _combine(buf, inv, topk_weights, out, E, topk_ids, validate, launcher, *, direct=False, pdl=None):
     """The combine launch of both layers, and the ids' check: the combine counts the tokens with
     an id outside [0, E) into the call's error word (kernels/_launch.py), which validate=True
-    reads back once, after every launch of the call, and "deferred" copies without a sync."""
+    reads back once, after every launch of the call, and "deferred" copies without a sync.
+    direct: buf's rows are the entries in topk_ids' order (inv unused); pdl: pdl_launch's keywords
+    (None: no dependent launch)."""
     T, H = out.shape
     K = topk_weights.shape[1]
     count = validate is not False
@@ -858,8 +871,9 @@ def _combine(buf, inv, topk_weights, out, E, topk_ids, validate, launcher):
     block_t = c["block_t"]
     block_n = min(c["block_n"], max(16, next_power_of_2(H)))
     _moe_combine_kernel[(cdiv(T, block_t), cdiv(H, block_n))](
-        buf, inv, topk_weights, bad, out, T, H, K, *topk_weights.stride(), COUNT_BAD=count,
-        K_UNROLLED=K if K <= c["unroll"] else 0, BLOCK_T=block_t, BLOCK_N=block_n, num_warps=c["warps"])
+        buf, topk_ids if direct else inv, topk_weights, bad, out, T, E, H, K, *topk_weights.stride(),
+        *topk_ids.stride(), COUNT_BAD=count, K_UNROLLED=K if K <= c["unroll"] else 0, BLOCK_T=block_t,
+        BLOCK_N=block_n, DIRECT=direct, num_warps=c["warps"], **(pdl or pdl_launch(out.device, False)))
     _report_bad_ids(bad, validate, launcher, E, topk_ids)
 
 
@@ -1191,54 +1205,143 @@ def _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss
 
 
 @triton.jit
-def _mxfp4_gemv_fma(acc, words, codes, a_ptr, a_k, k0, K, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
-                    EVEN_K: tl.constexpr):
-    """acc [R, BLOCK_K / 8] plus the products of one tile (_mxfp4_gemv_load) with columns k0 ...
-    k0 + BLOCK_K - 1 of one activation row (at a_ptr, column stride a_k); acc[r, j] sums word j of row
-    r. Each weight is its exact fp32 value, as the contract decodes it: _e2m1_nibble times
-    2^126 2^(S - 127), or, with FOLD (every scale code S <= 128, so that 2^(S - 1) is an fp32
-    number), times 2^(S - 1) in one multiply. A thread holds 4 consecutive words of several rows
-    (the words are one 2-D tile), so each activation value it loads serves all of them; the scales
-    are spread to the words through a [R, BLOCK_K / 32, 4] view."""
-    R: tl.constexpr = words.shape[0]
+def _e2m1_pair(words, P: tl.constexpr):
+    """Nibbles P and P + 4 of int32 `words` (P in 0 ... 3) as fp32 e2m1 value x 2^-126, exactly as
+    _e2m1_nibble gives each, built two at a time: both nibbles' magnitude bits moved onto bits 6 ... 8
+    and 22 ... 24 and their sign bits onto 15 and 31 by one shift each (nibble P + 4 lies 16 bits
+    above nibble P: the two halves of the word are the bf16 bits of the two values), then each half
+    widened to fp32 (the low half shifted up, the high half's low bits cleared)."""
+    if P <= 1:
+        mag = (words << (6 - 4 * P)) & 0x01C001C0
+    else:
+        mag = (words >> (4 * P - 6)) & 0x01C001C0       # (the sign bits an arithmetic shift brings in: masked)
+    pair = mag | ((words << (12 - 4 * P)) & -2147450880)        # 0x80008000
+    return (pair << 16).to(tl.float32, bitcast=True), (pair & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_raw_weight(raw, scale, FOLD: tl.constexpr):
+    """The exact fp32 weight of a raw e2m1 x 2^-126 value under `scale` (_gemv_scale), as _gemv_weight."""
+    if FOLD:
+        return raw * scale
+    return (raw * 8.507059173023462e+37) * scale       # 2^126, exact in fp32
+
+
+@triton.jit
+def _gemv_scales(codes, R: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr):
+    """_gemv_scale of scale codes [R, BLOCK_K / 32] spread to the words [R, BLOCK_K / 8] they cover
+    (4 words a scale block), through a [R, BLOCK_K / 32, 4] view."""
     G: tl.constexpr = BLOCK_K // 32
-    scale = tl.reshape(tl.broadcast_to(_gemv_scale(codes, FOLD)[:, :, None], [R, G, 4]), [R, BLOCK_K // 8])
+    return tl.reshape(tl.broadcast_to(_gemv_scale(codes, FOLD)[:, :, None], [R, G, 4]), [R, BLOCK_K // 8])
+
+
+@triton.jit
+def _mxfp4_gemv_fma(acc, words, scale, a, n: tl.constexpr, FOLD: tl.constexpr):
+    """acc plus nibble n of each word times its activation a [BLOCK_K / 8] (fp32)."""
+    return acc + _gemv_weight(words, n, scale, FOLD) * a[None, :]
+
+
+@triton.jit
+def _mxfp4_gemv_tile(acc, acc2, words, scale, words2, scale2, a_ptr, a_k, k0, K, BLOCK_K: tl.constexpr,
+                     FOLD: tl.constexpr, EVEN_K: tl.constexpr, TWO: tl.constexpr, PAIR: tl.constexpr):
+    """acc [R, BLOCK_K / 8] plus the products of one tile (_mxfp4_gemv_load; scales spread by
+    _gemv_scales) with columns k0 ... k0 + BLOCK_K - 1 of one activation row (at a_ptr, column
+    stride a_k); acc[r, j] sums word j of row r; with TWO, acc2 the same of a second tile (words2,
+    scale2: the up rows beside the gate rows), each activation value loaded once for both. Each
+    weight is its exact fp32 value, as the contract decodes it: e2m1 x 2^-126 (_e2m1_nibble, or
+    with PAIR two nibbles at a time, _e2m1_pair) times 2^126 2^(S - 127), or, with FOLD (every
+    scale code S <= 128, so that 2^(S - 1) is an fp32 number), times 2^(S - 1) in one multiply. A
+    thread holds 4 consecutive words of several rows (the words are one 2-D tile), so each
+    activation value it loads serves all of them."""
     word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     w_ok = word < K // 8
     col = (8 * word).to(tl.int64) * a_k
-    for n in tl.static_range(8):
+    for n in tl.static_range(4 if PAIR else 8):
         if EVEN_K:
             a = tl.load(a_ptr + col + n * a_k).to(tl.float32)
         else:
             a = tl.load(a_ptr + col + n * a_k, mask=w_ok, other=0.0).to(tl.float32)
-        acc += _gemv_weight(words, n, scale, FOLD) * a[None, :]
-    return acc
+        if PAIR:
+            if EVEN_K:
+                a_hi = tl.load(a_ptr + col + (n + 4) * a_k).to(tl.float32)
+            else:
+                a_hi = tl.load(a_ptr + col + (n + 4) * a_k, mask=w_ok, other=0.0).to(tl.float32)
+            lo, hi = _e2m1_pair(words, n)       # (one multiply-add each: no sum of the two first)
+            acc += _gemv_raw_weight(lo, scale, FOLD) * a[None, :]
+            acc += _gemv_raw_weight(hi, scale, FOLD) * a_hi[None, :]
+            if TWO:
+                lo2, hi2 = _e2m1_pair(words2, n)
+                acc2 += _gemv_raw_weight(lo2, scale2, FOLD) * a[None, :]
+                acc2 += _gemv_raw_weight(hi2, scale2, FOLD) * a_hi[None, :]
+        else:
+            acc = _mxfp4_gemv_fma(acc, words, scale, a, n, FOLD)
+            if TWO:
+                acc2 = _mxfp4_gemv_fma(acc2, words2, scale2, a, n, FOLD)
+    return acc, acc2
 
 
 @triton.jit
-def _mxfp4_gemv(acc, a_ptr, a_k, q_ptr, s_ptr, e64, rows64, row_ok, K, sq0, sq1, ss0, ss1, ss2,
-                BLOCK_K: tl.constexpr, FOLD: tl.constexpr, EVEN_K: tl.constexpr):
-    """acc plus rows `rows64` of expert e's MXFP4 matrix times one activation row, over all K.
-    (Loading each tile's codes an iteration ahead, by hand, was slower: bench/NOTES.md.)"""
-    for k0 in range(0, K, BLOCK_K):
+def _mxfp4_gemv(acc, acc2, a_ptr, a_k, q_ptr, s_ptr, e64, rows64, rows64_2, row_ok, K, sq0, sq1, ss0, ss1, ss2,
+                BLOCK_K: tl.constexpr, FOLD: tl.constexpr, EVEN_K: tl.constexpr, TWO: tl.constexpr,
+                PAIR: tl.constexpr, STAGES: tl.constexpr):
+    """acc plus rows `rows64` of expert e's MXFP4 matrix times one activation row, over all K (with
+    TWO, acc2 the same of rows `rows64_2`, in the same loop); the loop's loads pipelined STAGES
+    deep."""
+    R: tl.constexpr = acc.shape[0]
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         words, codes = _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss1, ss2, BLOCK_K,
                                         EVEN_K)
-        acc = _mxfp4_gemv_fma(acc, words, codes, a_ptr, a_k, k0, K, BLOCK_K, FOLD, EVEN_K)
-    return acc
+        scale = _gemv_scales(codes, R, BLOCK_K, FOLD)
+        if TWO:
+            words2, codes2 = _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64_2, row_ok, k0, K, sq0, sq1, ss0, ss1, ss2,
+                                              BLOCK_K, EVEN_K)
+            scale2 = _gemv_scales(codes2, R, BLOCK_K, FOLD)
+        else:
+            words2, scale2 = words, scale
+        acc, acc2 = _mxfp4_gemv_tile(acc, acc2, words, scale, words2, scale2, a_ptr, a_k, k0, K, BLOCK_K, FOLD,
+                                     EVEN_K, TWO, PAIR)
+    return acc, acc2
 
 
 @triton.jit
-def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, K_SLOTS, H, I,
-                              sx0, sx1, sq0, sq1, ss0, ss1, ss2, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              EVEN_K: tl.constexpr):
-    """Program (entry b, column tile): h[b, cols] = silu(x G_e^T) * (x U_e^T) for the one entry of
-    block b (moe_permute with block 1; blocks of -1, past the entries, do nothing), in x's dtype.
-    Entries are the grid's fastest axis, so the entries of one expert read a weight tile together."""
+def _mxfp4_gemv_up(acc_g, acc_u, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, up_rows, col_ok, H, sq0, sq1, ss0, ss1,
+                   ss2, BLOCK_K: tl.constexpr, FOLD: tl.constexpr, EVEN_K: tl.constexpr, FUSED: tl.constexpr,
+                   PAIR: tl.constexpr, STAGES: tl.constexpr):
+    """The gate and up rows' products with x's row: in one loop (FUSED: each x value loaded once for
+    both, twice the bytes in flight), or one loop after the other."""
+    if FUSED:
+        acc_g, acc_u = _mxfp4_gemv(acc_g, acc_u, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, up_rows, col_ok, H, sq0,
+                                   sq1, ss0, ss1, ss2, BLOCK_K, FOLD, EVEN_K, True, PAIR, STAGES)
+    else:
+        acc_g, _ = _mxfp4_gemv(acc_g, acc_g, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, gate_rows, col_ok, H, sq0,
+                               sq1, ss0, ss1, ss2, BLOCK_K, FOLD, EVEN_K, False, PAIR, STAGES)
+        acc_u, _ = _mxfp4_gemv(acc_u, acc_u, x_row, sx1, q_ptr, s_ptr, e64, up_rows, up_rows, col_ok, H, sq0,
+                               sq1, ss0, ss1, ss2, BLOCK_K, FOLD, EVEN_K, False, PAIR, STAGES)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _mxfp4_gemv_entry(ids_ptr, b, K_SLOTS, E, si0, si1):
+    """(expert, token) of the decode route's entry b = t k + s of topk_ids (strides si0, si1): the
+    expert -1 where the id lies outside [0, E) (the entry is skipped; the combine makes the token's
+    row NaN)."""
+    t = b // K_SLOTS
+    e = tl.load(ids_ptr + t.to(tl.int64) * si0 + (b - t * K_SLOTS) * si1)
+    return tl.where((e >= 0) & (e < E), e, -1), t.to(tl.int64)
+
+
+@triton.jit
+def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, ids_ptr, K_SLOTS, E, H, I, sx0, sx1, sq0, sq1, ss0, ss1,
+                              ss2, si0, si1, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                              FUSED: tl.constexpr, PAIR: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    """Program (entry b, column tile): h[b, cols] = silu(x G_e^T) * (x U_e^T) for entry b
+    (_mxfp4_gemv_entry; a skipped entry does nothing), in x's dtype. Entries are the grid's fastest
+    axis, so the entries of one expert read a weight tile together."""
+    wait_for_previous_kernel(PDL)
     b = tl.program_id(0)
-    e = tl.load(block_expert_ptr + b)
+    e, token = _mxfp4_gemv_entry(ids_ptr, b, K_SLOTS, E, si0, si1)
     if e >= 0:
         e64 = e.to(tl.int64)
-        token = (tl.load(sorted_ptr + b) // K_SLOTS).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
         gate_rows = cols.to(tl.int64)
@@ -1249,15 +1352,12 @@ def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expe
         # Scale codes up to 128 (as checkpoints hold them) take one multiply a weight (FOLD).
         if _mxfp4_scales_within(s_ptr, e, cols, col_ok, H, ss0, ss1, ss2, 0, 128) & \
                 _mxfp4_scales_within(s_ptr, e, cols + I, col_ok, H, ss0, ss1, ss2, 0, 128):
-            acc_g = _mxfp4_gemv(acc_g, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
-                                BLOCK_K, True, EVEN_K)
-            acc_u = _mxfp4_gemv(acc_u, x_row, sx1, q_ptr, s_ptr, e64, up_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
-                                BLOCK_K, True, EVEN_K)
+            acc_g, acc_u = _mxfp4_gemv_up(acc_g, acc_u, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, up_rows, col_ok, H,
+                                          sq0, sq1, ss0, ss1, ss2, BLOCK_K, True, EVEN_K, FUSED, PAIR, STAGES)
         else:
-            acc_g = _mxfp4_gemv(acc_g, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
-                                BLOCK_K, False, EVEN_K)
-            acc_u = _mxfp4_gemv(acc_u, x_row, sx1, q_ptr, s_ptr, e64, up_rows, col_ok, H, sq0, sq1, ss0, ss1, ss2,
-                                BLOCK_K, False, EVEN_K)
+            acc_g, acc_u = _mxfp4_gemv_up(acc_g, acc_u, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, up_rows, col_ok, H,
+                                          sq0, sq1, ss0, ss1, ss2, BLOCK_K, False, EVEN_K, FUSED, PAIR, STAGES)
+        launch_next_kernel(PDL)
         g = tl.sum(acc_g, axis=1)
         u = tl.sum(acc_u, axis=1)
         h = g / (1.0 + tl.exp(-g)) * u
@@ -1265,23 +1365,28 @@ def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, sorted_ptr, block_expe
 
 
 @triton.jit
-def _moe_mxfp4_gemv_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, block_expert_ptr, H, I, sq0, sq1, ss0, ss1, ss2,
-                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """Program (entry b, column tile): buf[b, cols] = h[b] W2_e^T in fp32."""
+def _moe_mxfp4_gemv_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, ids_ptr, K_SLOTS, E, H, I, sq0, sq1, ss0, ss1, ss2,
+                                si0, si1, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                                PAIR: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    """Program (entry b, column tile): buf[b, cols] = h[b] W2_e^T in fp32 (a skipped entry writes
+    nothing: the combine never reads its row)."""
+    wait_for_previous_kernel(PDL)
     b = tl.program_id(0)
-    e = tl.load(block_expert_ptr + b)
+    e = _mxfp4_gemv_entry(ids_ptr, b, K_SLOTS, E, si0, si1)[0]
     if e >= 0:
         e64 = e.to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < H
+        rows = cols.to(tl.int64)
         acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
         h_row = h_ptr + b.to(tl.int64) * I
         if _mxfp4_scales_within(s_ptr, e, cols, col_ok, I, ss0, ss1, ss2, 0, 128):
-            acc = _mxfp4_gemv(acc, h_row, 1, q_ptr, s_ptr, e64, cols.to(tl.int64), col_ok, I, sq0, sq1, ss0, ss1,
-                              ss2, BLOCK_K, True, EVEN_K)
+            acc, _ = _mxfp4_gemv(acc, acc, h_row, 1, q_ptr, s_ptr, e64, rows, rows, col_ok, I, sq0, sq1, ss0, ss1,
+                                 ss2, BLOCK_K, True, EVEN_K, False, PAIR, STAGES)
         else:
-            acc = _mxfp4_gemv(acc, h_row, 1, q_ptr, s_ptr, e64, cols.to(tl.int64), col_ok, I, sq0, sq1, ss0, ss1,
-                              ss2, BLOCK_K, False, EVEN_K)
+            acc, _ = _mxfp4_gemv(acc, acc, h_row, 1, q_ptr, s_ptr, e64, rows, rows, col_ok, I, sq0, sq1, ss0, ss1,
+                                 ss2, BLOCK_K, False, EVEN_K, False, PAIR, STAGES)
+        launch_next_kernel(PDL)
         tl.store(buf_ptr + b.to(tl.int64) * H + cols, tl.sum(acc, axis=1), mask=col_ok)
 
 
@@ -1289,12 +1394,21 @@ _moe_mxfp4_gemv_up_kernel = by_alignment(
     _moe_mxfp4_gemv_up_kernel, x="x_ptr sx0 sx1 H", q="q_ptr sq0 sq1", s="s_ptr ss2", h="h_ptr I")
 _moe_mxfp4_gemv_down_kernel = by_alignment(
     _moe_mxfp4_gemv_down_kernel, h="h_ptr I", q="q_ptr sq0 sq1", s="s_ptr ss2", buf="buf_ptr H")
-# The decode route's GPU tiles (bench/explore_moe.py --part gemv, H200, CUDA graphs): BLOCK_K 256
-# (32 int32 words a row, 8 a scale block), 4 warps, BLOCK_N rows a program: 32, or 64 where that
-# still gives `wide_from` programs an SM (Mixtral T 1 / 4: 168 / 487 us, the widening GEMMs 231 /
-# 555; Qwen3-MoE T 1 / 16: 43.0 / 233, against 48.2 / 241). The interpreter takes BLOCK_K 64 so
-# that its cases cross tiles. `enabled` False: the GEMM routes (benchmarks).
-_MXFP4_GEMV_TILES = dict(n=32, wide_n=64, wide_from=4, k=256, warps=4, enabled=True)
+# The decode route's GPU tiles and plan (bench/explore_moe.py --part gemv and gemv4, H200, CUDA graphs):
+# the entries in topk_ids' order (no permutation launch: 31.5 -> 25.4 us at Qwen3-MoE T 1), BLOCK_K 256 (32 int32 words a
+# row, 8 a scale block), 4 warps, BLOCK_N rows a program: 32, or 64 where that still gives
+# `wide_from` programs an SM; FUSED (gate and up rows in one loop), PAIR (two nibbles widened at a
+# time), no pipelining (STAGES 1: 2-4 stages were 2-12 % slower on every row: the loads go through
+# shared memory in a kernel bound by its instruction issue); dependent launch (`pdl`), except where
+# the down kernel's K (I) reaches `long_from`: there its BLOCK_K is `long_k` and no kernel launches
+# early (Mixtral T 1: 116.4 us without, 125.0 with; the Qwen3-MoE rows 3-7 % faster with it).
+# Session 19, 4 layers' calls in one graph, per layer, against session 18's route: Qwen3-MoE T 1
+# 38.3 -> 25.4 us, T 4 74.7 -> 56.4, T 16 228.9 -> 168.3; Mixtral T 1 167.4 -> 116.4, T 4 483.0 ->
+# 376.4 (results/gpu-h200/explore_moe_gemv4*.log). The interpreter takes BLOCK_K 64 so that its
+# cases cross tiles. `enabled` False: the GEMM routes (benchmarks); down_n / down_k: the down
+# kernel's own (None: as the up kernel's).
+_MXFP4_GEMV_TILES = dict(n=32, wide_n=64, wide_from=4, k=256, long_k=512, long_from=8192, warps=4, enabled=True,
+                         fused=True, pair=True, stages=1, down_n=None, down_k=None, pdl=True)
 
 
 def _mxfp4_gemv_route(x_dtype, T, K, E, block_m) -> bool:
@@ -1320,28 +1434,36 @@ def _mxfp4_gemv_words(x_dtype, w13_q, w2_q, T, K, E, block_m):
     return None if q13 is None or q2 is None else (q13, q2)
 
 
-def _mxfp4_gemv_layer(x, q13, w13_scales, q2, w2_scales, sorted_ids, block_expert, K, I):
-    """The decode route's two launches (codes as int32 words); the fp32 [entries, H] buffer."""
+def _mxfp4_gemv_layer(x, q13, w13_scales, q2, w2_scales, topk_ids, topk_weights, out, E, I, validate):
+    """The decode route (codes as int32 words): the up and down kernels over the entries in
+    topk_ids' own order (entry t k + s: no permutation), then the combine, all three with dependent
+    launch where the device has it and the plan allows (`pdl`, `long_from`)."""
     T, H = x.shape
-    n_blocks = block_expert.shape[0]
+    K = topk_ids.shape[1]
+    n_entries = T * K
     t = _MXFP4_GEMV_TILES
-    bk_cap = 64 if interpreting() else t["k"]
-    h = allocate((n_blocks, I), x.dtype, x.device, name="h")
-    buf = allocate((n_blocks, H), torch.float32, x.device, name="moe_partial")
-    wide = not interpreting() and n_blocks * cdiv(I, t["wide_n"]) >= t["wide_from"] * sm_count(x.device)
+    long = I >= t["long_from"]          # the plan of a long down kernel: its own BLOCK_K, no dependent launch
+    pdl = pdl_launch(x.device, t["pdl"] and not long)
+    bk_cap_up = 64 if interpreting() else t["k"]
+    bk_cap_dn = 64 if interpreting() else t["down_k"] or (t["long_k"] if long else t["k"])
+    h = allocate((n_entries, I), x.dtype, x.device, name="h")
+    buf = allocate((n_entries, H), torch.float32, x.device, name="moe_partial")
+    wide = not interpreting() and n_entries * cdiv(I, t["wide_n"]) >= t["wide_from"] * sm_count(x.device)
     n = t["wide_n"] if wide else t["n"]
     bn_up = min(n, max(16, next_power_of_2(I)))
-    bn_dn = min(n, max(16, next_power_of_2(H)))
-    bk_up = min(bk_cap, max(32, next_power_of_2(H)))
-    bk_dn = min(bk_cap, max(32, next_power_of_2(I)))
-    _moe_mxfp4_gemv_up_kernel[(n_blocks, cdiv(I, bn_up))](
-        x, q13, w13_scales, h, sorted_ids, block_expert, K, H, I, x.stride(0), x.stride(1),
-        q13.stride(0), q13.stride(1), *w13_scales.stride(),
-        BLOCK_N=bn_up, BLOCK_K=bk_up, EVEN_K=H % bk_up == 0, num_warps=t["warps"])
-    _moe_mxfp4_gemv_down_kernel[(n_blocks, cdiv(H, bn_dn))](
-        h, q2, w2_scales, buf, block_expert, H, I, q2.stride(0), q2.stride(1), *w2_scales.stride(),
-        BLOCK_N=bn_dn, BLOCK_K=bk_dn, EVEN_K=I % bk_dn == 0, num_warps=t["warps"])
-    return buf
+    bn_dn = min(t["down_n"] or n, max(16, next_power_of_2(H)))
+    bk_up = min(bk_cap_up, max(32, next_power_of_2(H)))
+    bk_dn = min(bk_cap_dn, max(32, next_power_of_2(I)))
+    _moe_mxfp4_gemv_up_kernel[(n_entries, cdiv(I, bn_up))](
+        x, q13, w13_scales, h, topk_ids, K, E, H, I, x.stride(0), x.stride(1), q13.stride(0), q13.stride(1),
+        *w13_scales.stride(), *topk_ids.stride(),
+        BLOCK_N=bn_up, BLOCK_K=bk_up, EVEN_K=H % bk_up == 0, FUSED=t["fused"], PAIR=t["pair"], STAGES=t["stages"],
+        num_warps=t["warps"], **pdl)
+    _moe_mxfp4_gemv_down_kernel[(n_entries, cdiv(H, bn_dn))](
+        h, q2, w2_scales, buf, topk_ids, K, E, H, I, q2.stride(0), q2.stride(1), *w2_scales.stride(),
+        *topk_ids.stride(), BLOCK_N=bn_dn, BLOCK_K=bk_dn, EVEN_K=I % bk_dn == 0, PAIR=t["pair"], STAGES=t["stages"],
+        num_warps=t["warps"], **pdl)
+    _combine(buf, None, topk_weights, out, E, topk_ids, validate, "moe_mxfp4", direct=True, pdl=pdl)
 
 
 # GPU tiles of moe_mxfp4's widening kernels, which serve calls of fewer than _MXFP4_DEQUANT's
@@ -1486,9 +1608,7 @@ def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2
         return out
     words = _mxfp4_gemv_words(x.dtype, w13_q, w2_q, T, K, E, block_m)
     if words is not None:
-        sorted_ids, block_expert, _, inv = moe_permute(topk_ids, E, 1)
-        buf = _mxfp4_gemv_layer(x, words[0], w13_scales, words[1], w2_scales, sorted_ids, block_expert, K, I)
-        _combine(buf, inv, topk_weights, out, E, topk_ids, validate, "moe_mxfp4")
+        _mxfp4_gemv_layer(x, words[0], w13_scales, words[1], w2_scales, topk_ids, topk_weights, out, E, I, validate)
         return out
     bm, bn_up, bk_up, bn_dn, bk_dn = _moe_mxfp4_blocks(T, K, E, H, I, block_m)
     sorted_ids, block_expert, _, inv = moe_permute(topk_ids, E, bm)

@@ -48,10 +48,12 @@ def test_every_pdl_kernel_waits_first_thing():
             f"kernels/{file}: {fn.name} never calls launch_next_kernel(PDL): the next kernel would launch at its "
             "exit only (bench/NOTES.md, session 15)")
         found[fn.name] = file
-    # the decode step's kernels, moe's decode route and mla_decode (a renamed one would drop out of this test silently)
+    # the decode step's kernels, the decode routes of moe and moe_mxfp4 (its combine: moe's), and mla_decode (a
+    # renamed one would drop out of this test silently)
     assert {"_gemv_kernel", "_qkv_rope_kernel", "_rmsnorm_kernel", "_add_rmsnorm_kernel", "_rope_kernel", "_rope_into_cache_kernel",
             "_decode_kernel", "_decode_combine_kernel", "_moe_gemv_up_kernel", "_moe_gemv_down_kernel",
-            "_mla_decode_kernel", "_mla_combine_kernel"} <= set(found), \
+            "_mla_decode_kernel", "_mla_combine_kernel", "_moe_mxfp4_gemv_up_kernel", "_moe_mxfp4_gemv_down_kernel",
+            "_moe_combine_kernel"} <= set(found), \
         sorted(found)
 
 
