@@ -2,8 +2,9 @@
 LAYERS calls (each on its own cache) captured in one CUDA graph, per call; bench_mla's rows, bf16,
 L 512, R 64, contiguous caches, validate=False. Informs kernels/mla.py's _PDL (bench/NOTES.md).
 --splits: instead, the split counts given (and the automatic one) with the default launch.
+--tiles: instead, the tiles given (block_n x warps x stages; and the default one).
 
-    python bench/explore_mla_pdl.py [--reps 3] [--rows 0,2 --splits 2,3,5,6,8]
+    python bench/explore_mla_pdl.py [--reps 3] [--rows 0,2 --splits 2,3,5,6,8] [--tiles 32x4x3,64x8x2]
 """
 import argparse
 import sys
@@ -25,6 +26,7 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rows", default=",".join(str(i) for i in range(len(ROWS))))
     parser.add_argument("--splits", default="", help="comma-separated split counts to time instead of PDL on / off")
+    parser.add_argument("--tiles", default="", help="comma-separated BLOCK_NxWARPSxSTAGES tiles to time instead")
     args = parser.parse_args()
     args.paged, args.identity_pages = False, False
     mla = sys.modules["kernels.mla"]
@@ -32,7 +34,8 @@ def main():
     copy = copy_ceiling()
     g = torch.Generator(device="cuda").manual_seed(0)
     settings = [(None, s) for s in [None] + [int(v) for v in args.splits.split(",") if v]] if args.splits \
-        else [(True, None), (False, None)]
+        else [(None, t) for t in [None] + [tuple(int(x) for x in v.split("x")) for v in args.tiles.split(",") if v]] \
+        if args.tiles else [(True, None), (False, None)]
     for H, B, T, Tq in (ROWS[int(i)] for i in args.rows.split(",")):
         layers = [row_inputs(H, B, T, Tq, args, g) for _ in range(LAYERS)]
         nbytes, flops = layers[0][6], layers[0][7]
@@ -41,15 +44,25 @@ def main():
             for pdl, splits in settings:
                 mla._PDL = default if pdl is None else {"narrow": pdl, "wide": pdl}
 
+                tile = dict(zip(("block_n", "num_warps", "num_stages"), splits)) if args.tiles and splits else {}
+                count = None if args.tiles else splits
+
                 def step():
                     for q_nope, q_pe, c_kv, k_pe, lens, table, _, _ in layers:
-                        kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.07, num_splits=splits, validate=False)
-                step()
+                        kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.07, num_splits=count, validate=False,
+                                           **tile)
+                try:
+                    step()
+                except ValueError as e:         # a tile that does not fit in shared memory
+                    print(f"{splits}: {str(e)[:120]}", flush=True)
+                    times[(pdl, splits)].append(float("inf"))
+                    continue
                 times[(pdl, splits)].append(do_bench(cuda_graph(step), warmup=10, rep=40, return_mode="median") / LAYERS)
         mla._PDL = default
         for pdl, splits in settings:
             ms = min(times[(pdl, splits)])
-            label = f"splits {splits or 'auto'}" if args.splits else f"pdl {pdl}"
+            label = (f"splits {splits or 'auto'}" if args.splits else
+                     f"tile {'x'.join(map(str, splits)) if splits else 'default'}" if args.tiles else f"pdl {pdl}")
             print(f"H{H} B{B} T{T} Tq{Tq} {label}: {ms * 1e3:8.1f} us a call in a graph of {LAYERS} "
                   f"({'/'.join(f'{t * 1e3:.1f}' for t in times[(pdl, splits)])})  {100 * nbytes / ms / 1e6 / copy:3.0f}% copy  "
                   f"{flops / ms / 1e9:5.0f} TFLOP/s", flush=True)

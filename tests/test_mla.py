@@ -255,9 +255,10 @@ def test_tiles_fit_the_gpu_or_fp32_is_refused():
     naming c_kv (never computed another way), DeepSeek's widths fit in every dtype."""
     from kernels.mla import _SHARED_BYTES, _shared_bytes
     for elem_size in (4, 2):
-        bh, bn, bl, br, warps, stages = _tiles(128, 512, 64, elem_size, 4096, gpu=True)
-        assert _shared_bytes(bh, bn, stages, bl, br, elem_size) <= _SHARED_BYTES
-        assert (bl, br) == (512, 64)
+        for rows, paged in ((128, False), (16, False), (16, True), (32, False)):    # (H 16's tile: by cache kind)
+            bh, bn, bl, br, warps, stages = _tiles(rows, 512, 64, elem_size, 4096, gpu=True, paged=paged)
+            assert _shared_bytes(bh, bn, stages, bl, br, elem_size) <= _SHARED_BYTES, (rows, paged, elem_size)
+            assert (bl, br) == (512, 64)
     with pytest.raises(ValueError, match="^c_kv: widths L = 2048, R = 64 in 4-byte elements"):
         _tiles(16, 2048, 64, 4, 4096, gpu=True)
     _tiles(16, 2048, 64, 2, 4096, gpu=True)                  # fp16 / bf16 still fit
