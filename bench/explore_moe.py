@@ -93,7 +93,8 @@ def print_profile(tag, call):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")  # also: variants, tiles2, combine, scan, route, gemv, gemv4, moe_gemv
+    # also: variants, tiles2, combine, scan, route, gemv, gemv4, moe_gemv
+    ap.add_argument("--part", default="profile,prefill,decode,mxfp4")
     ap.add_argument("--decode-tiles", default=None, metavar="UPN,UPK,DNN,DNK,WARPS,STAGES;...",
                     help="the decode part's pointer tiles to sweep (default: four built in)")
     ap.add_argument("--gemv-rows", default="qwen3:1,qwen3:4,qwen3:16,mixtral:1,mixtral:4",
@@ -365,7 +366,8 @@ def main():
         base = dict(km._MXFP4_GEMV_TILES)
         # ("pdl, down BLOCK_K 512": Mixtral's down tile with dependent launch; at Qwen3-MoE it forces
         # that tile too)
-        variants = {"default": {}, "no pdl": dict(pdl=False), "pdl, down BLOCK_K 512": dict(long_from=1 << 30, down_k=512),
+        variants = {"default": {}, "no pdl": dict(pdl=False),
+                    "pdl, down BLOCK_K 512": dict(long_from=1 << 30, down_k=512),
                     "stages 3": dict(stages=3), "up BLOCK_K 512": dict(k=512, down_k=256), "2 warps": dict(warps=2),
                     "wide from 2": dict(wide_from=2)}
         rows = [r.split(":") for r in args.gemv_rows.split(",")]

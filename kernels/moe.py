@@ -1135,13 +1135,14 @@ _moe_mxfp4_down_kernel = by_alignment(
 # moe_mxfp4's decode route (bf16 and fp32 x, at most one entry an expert on average: T k <= E).
 # A decode step reads each touched expert's weights once for one row, so the widening, not the
 # memory, bounds the GEMM routes above (tl.dot_scaled spends about 31 instructions a weight). Here
-# each entry is its own row block (moe_permute with block 1) and the GEMMs are matrix-vector
-# products on the CUDA cores: the codes are read as int32 words (8 values each) and every value is
-# widened in a few integer steps and one multiply (two where a scale code passes 128: _gemv_weight),
-# then multiplied into an fp32 accumulator where it lies: the same exact fp32 weights as the
-# contract's decode, the same fp32 products, summed in another order. Nsight Compute (H200, Mixtral
-# T 1, the up GEMM): the integer pipe 64 % busy and L1 80 % (each activation value is a 2-byte load),
-# DRAM 22 %: still the widening, not the memory, bounds it (bench/NOTES.md).
+# each entry of topk_ids (in its own order: no permutation) is its own row block and the GEMMs are
+# matrix-vector products on the CUDA cores: the codes are read as int32 words (8 values each) and
+# every value is widened in a few integer steps, two at a time, and one multiply (two where a scale
+# code passes 128: _gemv_weight), then multiplied into an fp32 accumulator where it lies: the same
+# exact fp32 weights as the contract's decode, the same fp32 products, summed in another order.
+# Nsight Compute (H200, Mixtral T 1, session 13's up GEMM): the integer pipe 64 % busy and L1 80 %
+# (each activation value is a 2-byte load), DRAM 22 %: the widening, not the memory, bounds it
+# (bench/NOTES.md).
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
@@ -1394,19 +1395,19 @@ _moe_mxfp4_gemv_up_kernel = by_alignment(
     _moe_mxfp4_gemv_up_kernel, x="x_ptr sx0 sx1 H", q="q_ptr sq0 sq1", s="s_ptr ss2", h="h_ptr I")
 _moe_mxfp4_gemv_down_kernel = by_alignment(
     _moe_mxfp4_gemv_down_kernel, h="h_ptr I", q="q_ptr sq0 sq1", s="s_ptr ss2", buf="buf_ptr H")
-# The decode route's GPU tiles and plan (bench/explore_moe.py --part gemv and gemv4, H200, CUDA graphs):
-# the entries in topk_ids' order (no permutation launch: 31.5 -> 25.4 us at Qwen3-MoE T 1), BLOCK_K 256 (32 int32 words a
-# row, 8 a scale block), 4 warps, BLOCK_N rows a program: 32, or 64 where that still gives
-# `wide_from` programs an SM; FUSED (gate and up rows in one loop), PAIR (two nibbles widened at a
-# time), no pipelining (STAGES 1: 2-4 stages were 2-12 % slower on every row: the loads go through
-# shared memory in a kernel bound by its instruction issue); dependent launch (`pdl`), except where
-# the down kernel's K (I) reaches `long_from`: there its BLOCK_K is `long_k` and no kernel launches
-# early (Mixtral T 1: 116.4 us without, 125.0 with; the Qwen3-MoE rows 3-7 % faster with it).
-# Session 19, 4 layers' calls in one graph, per layer, against session 18's route: Qwen3-MoE T 1
-# 38.3 -> 25.4 us, T 4 74.7 -> 56.4, T 16 228.9 -> 168.3; Mixtral T 1 167.4 -> 116.4, T 4 483.0 ->
-# 376.4 (results/gpu-h200/explore_moe_gemv4*.log). The interpreter takes BLOCK_K 64 so that its
-# cases cross tiles. `enabled` False: the GEMM routes (benchmarks); down_n / down_k: the down
-# kernel's own (None: as the up kernel's).
+# The decode route's GPU tiles and plan (bench/explore_moe.py --part gemv and gemv4, H200, CUDA
+# graphs): the entries in topk_ids' order (no permutation launch: 31.5 -> 25.4 us at Qwen3-MoE T 1),
+# BLOCK_K 256 (32 int32 words a row, 8 a scale block), 4 warps, BLOCK_N rows a program: 32, or 64
+# where that still gives `wide_from` programs an SM; FUSED (gate and up rows in one loop), PAIR (two
+# nibbles widened at a time), no pipelining (STAGES 1: 2-4 stages were 2-12 % slower on every row:
+# the loads go through shared memory in a kernel bound by its instruction issue); dependent launch
+# (`pdl`), except where the down kernel's K (I) reaches `long_from`: there its BLOCK_K is `long_k`
+# and no kernel launches early (Mixtral T 1: 116.4 us without, 125.0 with; the Qwen3-MoE rows 3-7 %
+# faster with it). Session 19, 4 layers' calls in one graph, per layer, against session 18's route:
+# Qwen3-MoE T 1 38.3 -> 25.4 us, T 4 74.7 -> 56.4, T 16 228.9 -> 168.3; Mixtral T 1 167.4 -> 116.4,
+# T 4 483.0 -> 376.4 (results/gpu-h200/explore_moe_gemv4*.log). The interpreter takes BLOCK_K 64 so
+# that its cases cross tiles. `enabled` False: the GEMM routes (benchmarks); down_n / down_k: the
+# down kernel's own (None: as the up kernel's).
 _MXFP4_GEMV_TILES = dict(n=32, wide_n=64, wide_from=4, k=256, long_k=512, long_from=8192, warps=4, enabled=True,
                          fused=True, pair=True, stages=1, down_n=None, down_k=None, pdl=True)
 

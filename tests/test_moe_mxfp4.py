@@ -233,8 +233,8 @@ def _decode_layer(T, H, I, E, K, device, seed=3):
 
 
 def test_decode_route_bad_ids_give_nan_rows_and_an_error_only_when_validated(backend):
-    """On the decode route (permutation with blocks of one entry, matrix-vector products, the
-    combine) a token with an id outside [0, E) gets a NaN row, the other rows are bit-equal to a
+    """On the decode route (the entries in topk_ids' order, matrix-vector products, the combine
+    reading topk_ids) a token with an id outside [0, E) gets a NaN row, the other rows are bit-equal to a
     good call's; validate=True raises naming topk_ids and the count of such tokens, "deferred" at
     raise_deferred_errors(), validate=False never (5 tokens of 3 slots over 24 experts; fp32 x:
     the ids' path does not depend on x's dtype)."""
