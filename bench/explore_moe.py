@@ -357,18 +357,16 @@ def main():
 
     if "gemv4" in parts:
         # moe_mxfp4's decode route as a decode step runs it: 4 layers' calls (each on its own copy of
-        # the codes) in one CUDA graph, per layer; its loop's settings taken in turn (2 rounds): the
-        # route's settings around the default (session 19's first round, against the route as session
-        # 18 left it: gate and up loops one after the other, one nibble at a time; it also had
-        # the loads pipelined 2-4 deep, each change alone, 16 / 64 rows; the second, BLOCK_K and row
-        # counts; the third, the entries in topk_ids' order against moe_permute's (since dropped), and
-        # dependent launch: results/gpu-h200/explore_moe_gemv4*.log).
+        # the codes) in one CUDA graph, per layer; its settings around the default taken in turn (2
+        # rounds). Session 19's rounds also timed the route as session 18 left it, the widening one
+        # nibble at a time, the gate and up loops apart, pipelined loads and moe_permute's order,
+        # through switches since removed (results/gpu-h200/explore_moe_gemv4*.log, bench/NOTES.md).
         base = dict(km._MXFP4_GEMV_TILES)
         # ("pdl, down BLOCK_K 512": Mixtral's down tile with dependent launch; at Qwen3-MoE it forces
         # that tile too)
         variants = {"default": {}, "no pdl": dict(pdl=False),
                     "pdl, down BLOCK_K 512": dict(long_from=1 << 30, down_k=512),
-                    "stages 3": dict(stages=3), "up BLOCK_K 512": dict(k=512, down_k=256), "2 warps": dict(warps=2),
+                    "up BLOCK_K 512": dict(k=512, down_k=256), "2 warps": dict(warps=2),
                     "wide from 2": dict(wide_from=2)}
         rows = [r.split(":") for r in args.gemv_rows.split(",")]
         for name, Td in ((n, int(t)) for n, t in rows):

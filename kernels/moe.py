@@ -1138,26 +1138,12 @@ _moe_mxfp4_down_kernel = by_alignment(
 # each entry of topk_ids (in its own order: no permutation) is its own row block and the GEMMs are
 # matrix-vector products on the CUDA cores: the codes are read as int32 words (8 values each) and
 # every value is widened in a few integer steps, two at a time, and one multiply (two where a scale
-# code passes 128: _gemv_weight), then multiplied into an fp32 accumulator where it lies: the same
+# code passes 128: _gemv_raw_weight), then multiplied into an fp32 accumulator where it lies: the same
 # exact fp32 weights as the contract's decode, the same fp32 products, summed in another order.
 # Nsight Compute (H200, Mixtral T 1, session 13's up GEMM): the integer pipe 64 % busy and L1 80 %
 # (each activation value is a 2-byte load), DRAM 22 %: the widening, not the memory, bounds it
 # (bench/NOTES.md).
 # ---------------------------------------------------------------------------------------------
-
-@triton.jit
-def _e2m1_nibble(words, N: tl.constexpr):
-    """Nibble N (bits 4N .. 4N + 3) of int32 `words` as fp32 e2m1 value x 2^-126, exactly: the three
-    magnitude bits (e1 e0 m) land on fp32's two lowest exponent bits and its top mantissa bit,
-    which reads as the value times 2^-126 (codes 0 and 1, e = 0, as the subnormals 0 and 2^-127:
-    e2m1's own subnormals, scaled); the sign bit moves to bit 31."""
-    if N <= 5:
-        mag = (words << (22 - 4 * N)) & 0x01C00000
-    else:
-        mag = (words >> (4 * N - 22)) & 0x01C00000
-    sign = (words << (28 - 4 * N)) & -2147483648
-    return (mag | sign).to(tl.float32, bitcast=True)
-
 
 @triton.jit
 def _e8m0_fp32(codes):
@@ -1170,19 +1156,10 @@ def _e8m0_fp32(codes):
 @triton.jit
 def _gemv_scale(codes, FOLD: tl.constexpr):
     """The decode route's multiplier for scale codes S: 2^(S - 127) (_e8m0_fp32), or with FOLD
-    (codes S <= 128 only) 2^(S - 1), the 2^126 of _e2m1_nibble folded in."""
+    (codes S <= 128 only) 2^(S - 1), the 2^126 of _e2m1_pair folded in."""
     if FOLD:
         return ((codes + 126) << 23).to(tl.float32, bitcast=True)
     return _e8m0_fp32(codes)
-
-
-@triton.jit
-def _gemv_weight(words, N: tl.constexpr, scale, FOLD: tl.constexpr):
-    """The exact fp32 weight of nibble N of `words` under `scale` (_gemv_scale): the contract's
-    decode, e2m1 x 2^(S - 127), subnormals and NaN included."""
-    if FOLD:
-        return _e2m1_nibble(words, N) * scale
-    return (_e2m1_nibble(words, N) * 8.507059173023462e+37) * scale       # 2^126, exact in fp32
 
 
 @triton.jit
@@ -1207,11 +1184,13 @@ def _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss
 
 @triton.jit
 def _e2m1_pair(words, P: tl.constexpr):
-    """Nibbles P and P + 4 of int32 `words` (P in 0 ... 3) as fp32 e2m1 value x 2^-126, exactly as
-    _e2m1_nibble gives each, built two at a time: both nibbles' magnitude bits moved onto bits 6 ... 8
-    and 22 ... 24 and their sign bits onto 15 and 31 by one shift each (nibble P + 4 lies 16 bits
-    above nibble P: the two halves of the word are the bf16 bits of the two values), then each half
-    widened to fp32 (the low half shifted up, the high half's low bits cleared)."""
+    """Nibbles P and P + 4 of int32 `words` (P in 0 ... 3) as fp32 e2m1 value x 2^-126, exactly, two
+    at a time (nibble P + 4 lies 16 bits above nibble P). One shift and mask puts both nibbles'
+    magnitude bits (e1 e0 m) on bits 6 ... 8 and 22 ... 24, another both sign bits on 15 and 31: each
+    16-bit half is then the bf16 bits of its value times 2^-126, the magnitude bits on the two
+    lowest exponent bits and the top mantissa bit (codes 0 and 1, e = 0, as the subnormals 0 and
+    2^-127: e2m1's own subnormals, scaled). Each half widens to fp32 by one shift (the low half) or
+    one mask (the high half)."""
     if P <= 1:
         mag = (words << (6 - 4 * P)) & 0x01C001C0
     else:
@@ -1222,7 +1201,8 @@ def _e2m1_pair(words, P: tl.constexpr):
 
 @triton.jit
 def _gemv_raw_weight(raw, scale, FOLD: tl.constexpr):
-    """The exact fp32 weight of a raw e2m1 x 2^-126 value under `scale` (_gemv_scale), as _gemv_weight."""
+    """The exact fp32 weight of a raw e2m1 x 2^-126 value (_e2m1_pair) under `scale` (_gemv_scale): the
+    contract's decode, e2m1 x 2^(S - 127), subnormals and NaN included."""
     if FOLD:
         return raw * scale
     return (raw * 8.507059173023462e+37) * scale       # 2^126, exact in fp32
@@ -1237,59 +1217,46 @@ def _gemv_scales(codes, R: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constex
 
 
 @triton.jit
-def _mxfp4_gemv_fma(acc, words, scale, a, n: tl.constexpr, FOLD: tl.constexpr):
-    """acc plus nibble n of each word times its activation a [BLOCK_K / 8] (fp32)."""
-    return acc + _gemv_weight(words, n, scale, FOLD) * a[None, :]
-
-
-@triton.jit
 def _mxfp4_gemv_tile(acc, acc2, words, scale, words2, scale2, a_ptr, a_k, k0, K, BLOCK_K: tl.constexpr,
-                     FOLD: tl.constexpr, EVEN_K: tl.constexpr, TWO: tl.constexpr, PAIR: tl.constexpr):
+                     FOLD: tl.constexpr, EVEN_K: tl.constexpr, TWO: tl.constexpr):
     """acc [R, BLOCK_K / 8] plus the products of one tile (_mxfp4_gemv_load; scales spread by
     _gemv_scales) with columns k0 ... k0 + BLOCK_K - 1 of one activation row (at a_ptr, column
     stride a_k); acc[r, j] sums word j of row r; with TWO, acc2 the same of a second tile (words2,
     scale2: the up rows beside the gate rows), each activation value loaded once for both. Each
-    weight is its exact fp32 value, as the contract decodes it: e2m1 x 2^-126 (_e2m1_nibble, or
-    with PAIR two nibbles at a time, _e2m1_pair) times 2^126 2^(S - 127), or, with FOLD (every
-    scale code S <= 128, so that 2^(S - 1) is an fp32 number), times 2^(S - 1) in one multiply. A
-    thread holds 4 consecutive words of several rows (the words are one 2-D tile), so each
-    activation value it loads serves all of them."""
+    weight is its exact fp32 value, as the contract decodes it: e2m1 x 2^-126 (_e2m1_pair, two
+    nibbles at a time) times 2^126 2^(S - 127), or, with FOLD (every scale code S <= 128, so that
+    2^(S - 1) is an fp32 number), times 2^(S - 1) in one multiply. A thread holds 4 consecutive words
+    of several rows (the words are one 2-D tile), so each activation value it loads serves all of
+    them."""
     word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     w_ok = word < K // 8
     col = (8 * word).to(tl.int64) * a_k
-    for n in tl.static_range(4 if PAIR else 8):
+    for n in tl.static_range(4):
         if EVEN_K:
             a = tl.load(a_ptr + col + n * a_k).to(tl.float32)
+            a_hi = tl.load(a_ptr + col + (n + 4) * a_k).to(tl.float32)
         else:
             a = tl.load(a_ptr + col + n * a_k, mask=w_ok, other=0.0).to(tl.float32)
-        if PAIR:
-            if EVEN_K:
-                a_hi = tl.load(a_ptr + col + (n + 4) * a_k).to(tl.float32)
-            else:
-                a_hi = tl.load(a_ptr + col + (n + 4) * a_k, mask=w_ok, other=0.0).to(tl.float32)
-            lo, hi = _e2m1_pair(words, n)       # (one multiply-add each: no sum of the two first)
-            acc += _gemv_raw_weight(lo, scale, FOLD) * a[None, :]
-            acc += _gemv_raw_weight(hi, scale, FOLD) * a_hi[None, :]
-            if TWO:
-                lo2, hi2 = _e2m1_pair(words2, n)
-                acc2 += _gemv_raw_weight(lo2, scale2, FOLD) * a[None, :]
-                acc2 += _gemv_raw_weight(hi2, scale2, FOLD) * a_hi[None, :]
-        else:
-            acc = _mxfp4_gemv_fma(acc, words, scale, a, n, FOLD)
-            if TWO:
-                acc2 = _mxfp4_gemv_fma(acc2, words2, scale2, a, n, FOLD)
+            a_hi = tl.load(a_ptr + col + (n + 4) * a_k, mask=w_ok, other=0.0).to(tl.float32)
+        lo, hi = _e2m1_pair(words, n)       # (one multiply-add each: no sum of the two first)
+        acc += _gemv_raw_weight(lo, scale, FOLD) * a[None, :]
+        acc += _gemv_raw_weight(hi, scale, FOLD) * a_hi[None, :]
+        if TWO:
+            lo2, hi2 = _e2m1_pair(words2, n)
+            acc2 += _gemv_raw_weight(lo2, scale2, FOLD) * a[None, :]
+            acc2 += _gemv_raw_weight(hi2, scale2, FOLD) * a_hi[None, :]
     return acc, acc2
 
 
 @triton.jit
 def _mxfp4_gemv(acc, acc2, a_ptr, a_k, q_ptr, s_ptr, e64, rows64, rows64_2, row_ok, K, sq0, sq1, ss0, ss1, ss2,
-                BLOCK_K: tl.constexpr, FOLD: tl.constexpr, EVEN_K: tl.constexpr, TWO: tl.constexpr,
-                PAIR: tl.constexpr, STAGES: tl.constexpr):
+                BLOCK_K: tl.constexpr, FOLD: tl.constexpr, EVEN_K: tl.constexpr, TWO: tl.constexpr):
     """acc plus rows `rows64` of expert e's MXFP4 matrix times one activation row, over all K (with
-    TWO, acc2 the same of rows `rows64_2`, in the same loop); the loop's loads pipelined STAGES
-    deep."""
+    TWO, acc2 the same of rows `rows64_2`, in the same loop: the gate and up rows, x read once).
+    The loads are not pipelined (num_stages 1): through shared memory, 2-4 stages were 2-12 %
+    slower (bench/NOTES.md, session 19)."""
     R: tl.constexpr = acc.shape[0]
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=1):
         words, codes = _mxfp4_gemv_load(q_ptr, s_ptr, e64, rows64, row_ok, k0, K, sq0, sq1, ss0, ss1, ss2, BLOCK_K,
                                         EVEN_K)
         scale = _gemv_scales(codes, R, BLOCK_K, FOLD)
@@ -1300,25 +1267,8 @@ def _mxfp4_gemv(acc, acc2, a_ptr, a_k, q_ptr, s_ptr, e64, rows64, rows64_2, row_
         else:
             words2, scale2 = words, scale
         acc, acc2 = _mxfp4_gemv_tile(acc, acc2, words, scale, words2, scale2, a_ptr, a_k, k0, K, BLOCK_K, FOLD,
-                                     EVEN_K, TWO, PAIR)
+                                     EVEN_K, TWO)
     return acc, acc2
-
-
-@triton.jit
-def _mxfp4_gemv_up(acc_g, acc_u, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, up_rows, col_ok, H, sq0, sq1, ss0, ss1,
-                   ss2, BLOCK_K: tl.constexpr, FOLD: tl.constexpr, EVEN_K: tl.constexpr, FUSED: tl.constexpr,
-                   PAIR: tl.constexpr, STAGES: tl.constexpr):
-    """The gate and up rows' products with x's row: in one loop (FUSED: each x value loaded once for
-    both, twice the bytes in flight), or one loop after the other."""
-    if FUSED:
-        acc_g, acc_u = _mxfp4_gemv(acc_g, acc_u, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, up_rows, col_ok, H, sq0,
-                                   sq1, ss0, ss1, ss2, BLOCK_K, FOLD, EVEN_K, True, PAIR, STAGES)
-    else:
-        acc_g, _ = _mxfp4_gemv(acc_g, acc_g, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, gate_rows, col_ok, H, sq0,
-                               sq1, ss0, ss1, ss2, BLOCK_K, FOLD, EVEN_K, False, PAIR, STAGES)
-        acc_u, _ = _mxfp4_gemv(acc_u, acc_u, x_row, sx1, q_ptr, s_ptr, e64, up_rows, up_rows, col_ok, H, sq0,
-                               sq1, ss0, ss1, ss2, BLOCK_K, FOLD, EVEN_K, False, PAIR, STAGES)
-    return acc_g, acc_u
 
 
 @triton.jit
@@ -1334,7 +1284,7 @@ def _mxfp4_gemv_entry(ids_ptr, b, K_SLOTS, E, si0, si1):
 @triton.jit
 def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, ids_ptr, K_SLOTS, E, H, I, sx0, sx1, sq0, sq1, ss0, ss1,
                               ss2, si0, si1, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                              FUSED: tl.constexpr, PAIR: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+                              PDL: tl.constexpr):
     """Program (entry b, column tile): h[b, cols] = silu(x G_e^T) * (x U_e^T) for entry b
     (_mxfp4_gemv_entry; a skipped entry does nothing), in x's dtype. Entries are the grid's fastest
     axis, so the entries of one expert read a weight tile together."""
@@ -1353,11 +1303,11 @@ def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, ids_ptr, K_SLOTS, E, H
         # Scale codes up to 128 (as checkpoints hold them) take one multiply a weight (FOLD).
         if _mxfp4_scales_within(s_ptr, e, cols, col_ok, H, ss0, ss1, ss2, 0, 128) & \
                 _mxfp4_scales_within(s_ptr, e, cols + I, col_ok, H, ss0, ss1, ss2, 0, 128):
-            acc_g, acc_u = _mxfp4_gemv_up(acc_g, acc_u, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, up_rows, col_ok, H,
-                                          sq0, sq1, ss0, ss1, ss2, BLOCK_K, True, EVEN_K, FUSED, PAIR, STAGES)
+            acc_g, acc_u = _mxfp4_gemv(acc_g, acc_u, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, up_rows, col_ok, H,
+                                       sq0, sq1, ss0, ss1, ss2, BLOCK_K, True, EVEN_K, True)
         else:
-            acc_g, acc_u = _mxfp4_gemv_up(acc_g, acc_u, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, up_rows, col_ok, H,
-                                          sq0, sq1, ss0, ss1, ss2, BLOCK_K, False, EVEN_K, FUSED, PAIR, STAGES)
+            acc_g, acc_u = _mxfp4_gemv(acc_g, acc_u, x_row, sx1, q_ptr, s_ptr, e64, gate_rows, up_rows, col_ok, H,
+                                       sq0, sq1, ss0, ss1, ss2, BLOCK_K, False, EVEN_K, True)
         launch_next_kernel(PDL)
         g = tl.sum(acc_g, axis=1)
         u = tl.sum(acc_u, axis=1)
@@ -1368,7 +1318,7 @@ def _moe_mxfp4_gemv_up_kernel(x_ptr, q_ptr, s_ptr, h_ptr, ids_ptr, K_SLOTS, E, H
 @triton.jit
 def _moe_mxfp4_gemv_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, ids_ptr, K_SLOTS, E, H, I, sq0, sq1, ss0, ss1, ss2,
                                 si0, si1, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                                PAIR: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+                                PDL: tl.constexpr):
     """Program (entry b, column tile): buf[b, cols] = h[b] W2_e^T in fp32 (a skipped entry writes
     nothing: the combine never reads its row)."""
     wait_for_previous_kernel(PDL)
@@ -1383,10 +1333,10 @@ def _moe_mxfp4_gemv_down_kernel(h_ptr, q_ptr, s_ptr, buf_ptr, ids_ptr, K_SLOTS, 
         h_row = h_ptr + b.to(tl.int64) * I
         if _mxfp4_scales_within(s_ptr, e, cols, col_ok, I, ss0, ss1, ss2, 0, 128):
             acc, _ = _mxfp4_gemv(acc, acc, h_row, 1, q_ptr, s_ptr, e64, rows, rows, col_ok, I, sq0, sq1, ss0, ss1,
-                                 ss2, BLOCK_K, True, EVEN_K, False, PAIR, STAGES)
+                                 ss2, BLOCK_K, True, EVEN_K, False)
         else:
             acc, _ = _mxfp4_gemv(acc, acc, h_row, 1, q_ptr, s_ptr, e64, rows, rows, col_ok, I, sq0, sq1, ss0, ss1,
-                                 ss2, BLOCK_K, False, EVEN_K, False, PAIR, STAGES)
+                                 ss2, BLOCK_K, False, EVEN_K, False)
         launch_next_kernel(PDL)
         tl.store(buf_ptr + b.to(tl.int64) * H + cols, tl.sum(acc, axis=1), mask=col_ok)
 
@@ -1398,9 +1348,10 @@ _moe_mxfp4_gemv_down_kernel = by_alignment(
 # The decode route's GPU tiles and plan (bench/explore_moe.py --part gemv and gemv4, H200, CUDA
 # graphs): the entries in topk_ids' order (no permutation launch: 31.5 -> 25.4 us at Qwen3-MoE T 1),
 # BLOCK_K 256 (32 int32 words a row, 8 a scale block), 4 warps, BLOCK_N rows a program: 32, or 64
-# where that still gives `wide_from` programs an SM; FUSED (gate and up rows in one loop), PAIR (two
-# nibbles widened at a time), no pipelining (STAGES 1: 2-4 stages were 2-12 % slower on every row:
-# the loads go through shared memory in a kernel bound by its instruction issue); dependent launch
+# where that still gives `wide_from` programs an SM; the gate and up rows in one loop, two nibbles
+# widened at a time, no pipelining (2-4 stages were 2-12 % slower on every row: the loads go through
+# shared memory in a kernel bound by its instruction issue; each of these was measured alone, and
+# the switches that did so are gone: bench/NOTES.md, session 19); dependent launch
 # (`pdl`), except where the down kernel's K (I) reaches `long_from`: there its BLOCK_K is `long_k`
 # and no kernel launches early (Mixtral T 1: 116.4 us without, 125.0 with; the Qwen3-MoE rows 3-7 %
 # faster with it). Session 19, 4 layers' calls in one graph, per layer, against session 18's route:
@@ -1409,7 +1360,7 @@ _moe_mxfp4_gemv_down_kernel = by_alignment(
 # that its cases cross tiles. `enabled` False: the GEMM routes (benchmarks); down_n / down_k: the
 # down kernel's own (None: as the up kernel's).
 _MXFP4_GEMV_TILES = dict(n=32, wide_n=64, wide_from=4, k=256, long_k=512, long_from=8192, warps=4, enabled=True,
-                         fused=True, pair=True, stages=1, down_n=None, down_k=None, pdl=True)
+                         down_n=None, down_k=None, pdl=True)
 
 
 def _mxfp4_gemv_route(x_dtype, T, K, E, block_m) -> bool:
@@ -1458,12 +1409,10 @@ def _mxfp4_gemv_layer(x, q13, w13_scales, q2, w2_scales, topk_ids, topk_weights,
     _moe_mxfp4_gemv_up_kernel[(n_entries, cdiv(I, bn_up))](
         x, q13, w13_scales, h, topk_ids, K, E, H, I, x.stride(0), x.stride(1), q13.stride(0), q13.stride(1),
         *w13_scales.stride(), *topk_ids.stride(),
-        BLOCK_N=bn_up, BLOCK_K=bk_up, EVEN_K=H % bk_up == 0, FUSED=t["fused"], PAIR=t["pair"], STAGES=t["stages"],
-        num_warps=t["warps"], **pdl)
+        BLOCK_N=bn_up, BLOCK_K=bk_up, EVEN_K=H % bk_up == 0, num_warps=t["warps"], **pdl)
     _moe_mxfp4_gemv_down_kernel[(n_entries, cdiv(H, bn_dn))](
         h, q2, w2_scales, buf, topk_ids, K, E, H, I, q2.stride(0), q2.stride(1), *w2_scales.stride(),
-        *topk_ids.stride(), BLOCK_N=bn_dn, BLOCK_K=bk_dn, EVEN_K=I % bk_dn == 0, PAIR=t["pair"], STAGES=t["stages"],
-        num_warps=t["warps"], **pdl)
+        *topk_ids.stride(), BLOCK_N=bn_dn, BLOCK_K=bk_dn, EVEN_K=I % bk_dn == 0, num_warps=t["warps"], **pdl)
     _combine(buf, None, topk_weights, out, E, topk_ids, validate, "moe_mxfp4", direct=True, pdl=pdl)
 
 

@@ -27,7 +27,7 @@ from harness import registry
 from harness.cases import Case
 from harness.compare import Magnitudes, compare, sqnr_db
 from harness.ops.moe import EDGES, _routing
-from kernels.moe import _e2m1_pair, _gemv_raw_weight, _gemv_scale, _gemv_weight
+from kernels.moe import _e2m1_pair, _gemv_raw_weight, _gemv_scale
 from kernels.mxfp4 import _e2m1_decode
 from oracles.moe import _expert, mxfp4_weights
 from tests.test_moe import shift_first_block_expert
@@ -179,10 +179,10 @@ def test_decode_route(case, backend, budgets, monkeypatch):
 
 
 @triton.jit
-def _both_widenings_kernel(fast_ptr, exact_ptr, FOLD: tl.constexpr, PAIR: tl.constexpr):
+def _both_widenings_kernel(fast_ptr, exact_ptr, FOLD: tl.constexpr):
     """Every e2m1 code in each of a word's 8 nibbles under every scale code: the decode route's
-    widening (_gemv_weight, or with PAIR two nibbles at a time, _e2m1_pair) and the exact decode,
-    [256 scales, 8 nibbles, 16 codes]."""
+    widening (_e2m1_pair, two nibbles at a time) and the exact decode, [256 scales, 8 nibbles, 16
+    codes]."""
     code = tl.arange(0, 16)[None, None, :]
     nib = tl.arange(0, 8)[None, :, None]
     scale = tl.arange(0, 256)[:, None, None]
@@ -192,28 +192,23 @@ def _both_widenings_kernel(fast_ptr, exact_ptr, FOLD: tl.constexpr, PAIR: tl.con
         word = word | (tl.where(nib == n, code, 15 - code) << (4 * n))
     offs = scale * 128 + nib * 16 + code
     fast = tl.zeros([256, 8, 16], tl.float32)
-    if PAIR:
-        for n in tl.static_range(4):
-            lo, hi = _e2m1_pair(word, n)
-            fast = tl.where(nib == n, _gemv_raw_weight(lo, _gemv_scale(scale, FOLD), FOLD), fast)
-            fast = tl.where(nib == n + 4, _gemv_raw_weight(hi, _gemv_scale(scale, FOLD), FOLD), fast)
-    else:
-        for n in tl.static_range(8):
-            fast = tl.where(nib == n, _gemv_weight(word, n, _gemv_scale(scale, FOLD), FOLD), fast)
+    for n in tl.static_range(4):
+        lo, hi = _e2m1_pair(word, n)
+        fast = tl.where(nib == n, _gemv_raw_weight(lo, _gemv_scale(scale, FOLD), FOLD), fast)
+        fast = tl.where(nib == n + 4, _gemv_raw_weight(hi, _gemv_scale(scale, FOLD), FOLD), fast)
     tl.store(fast_ptr + offs, fast)
     tl.store(exact_ptr + offs, _e2m1_decode(code + 0 * nib, scale))
 
 
-@pytest.mark.parametrize("pair", [False, True], ids=["nibble", "pair"])
 @pytest.mark.parametrize("fold", [False, True])
-def test_decode_route_widening_is_exact(fold, pair, backend):
-    """The decode route's widening (one nibble at a time, or two) equals the exact decode bit for
-    bit for every e2m1 code (signs included) in every nibble of a word, under every scale code it
-    is used for: all of them (0's subnormal 2^-127 and 255's NaN included), or with the scale
-    folded in, 0 ... 128."""
+def test_decode_route_widening_is_exact(fold, backend):
+    """The decode route's widening (two nibbles at a time) equals the exact decode bit for bit for
+    every e2m1 code (signs included) in every nibble of a word, under every scale code it is used
+    for: all of them (0's subnormal 2^-127 and 255's NaN included), or with the scale folded in,
+    0 ... 128."""
     fast = torch.empty(256 * 8 * 16, dtype=torch.float32, device=backend.device)
     exact = torch.empty_like(fast)
-    _both_widenings_kernel[(1,)](fast, exact, FOLD=fold, PAIR=pair)
+    _both_widenings_kernel[(1,)](fast, exact, FOLD=fold)
     n = (129 if fold else 256) * 128
     fast, exact = fast[:n], exact[:n]
     nan = torch.isnan(exact)
