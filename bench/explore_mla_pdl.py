@@ -33,38 +33,39 @@ def main():
     default = dict(mla._PDL)
     copy = copy_ceiling()
     g = torch.Generator(device="cuda").manual_seed(0)
-    settings = [(None, s) for s in [None] + [int(v) for v in args.splits.split(",") if v]] if args.splits \
-        else [(None, t) for t in [None] + [tuple(int(x) for x in v.split("x")) for v in args.tiles.split(",") if v]] \
-        if args.tiles else [(True, None), (False, None)]
+    # (label, PDL on / off or None for the default plan, mla_decode's extra keywords)
+    if args.splits:
+        settings = [(f"splits {n or 'auto'}", None, dict(num_splits=n))
+                    for n in [None] + [int(v) for v in args.splits.split(",") if v]]
+    elif args.tiles:
+        settings = [("tile default", None, {})] + [
+            (f"tile {v}", None, dict(zip(("block_n", "num_warps", "num_stages"), map(int, v.split("x")))))
+            for v in args.tiles.split(",") if v]
+    else:
+        settings = [("pdl True", True, {}), ("pdl False", False, {})]
     for H, B, T, Tq in (ROWS[int(i)] for i in args.rows.split(",")):
         layers = [row_inputs(H, B, T, Tq, args, g) for _ in range(LAYERS)]
         nbytes, flops = layers[0][6], layers[0][7]
-        times = {setting: [] for setting in settings}
+        times = {label: [] for label, _, _ in settings}
         for _ in range(args.reps):
-            for pdl, splits in settings:
+            for label, pdl, extra in settings:
                 mla._PDL = default if pdl is None else {"narrow": pdl, "wide": pdl}
-
-                tile = dict(zip(("block_n", "num_warps", "num_stages"), splits)) if args.tiles and splits else {}
-                count = None if args.tiles else splits
 
                 def step():
                     for q_nope, q_pe, c_kv, k_pe, lens, table, _, _ in layers:
-                        kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.07, num_splits=count, validate=False,
-                                           **tile)
+                        kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.07, validate=False, **extra)
                 try:
                     step()
                 except ValueError as e:         # a tile that does not fit in shared memory
-                    print(f"{splits}: {str(e)[:120]}", flush=True)
-                    times[(pdl, splits)].append(float("inf"))
+                    print(f"{label}: {str(e)[:120]}", flush=True)
+                    times[label].append(float("inf"))
                     continue
-                times[(pdl, splits)].append(do_bench(cuda_graph(step), warmup=10, rep=40, return_mode="median") / LAYERS)
+                times[label].append(do_bench(cuda_graph(step), warmup=10, rep=40, return_mode="median") / LAYERS)
         mla._PDL = default
-        for pdl, splits in settings:
-            ms = min(times[(pdl, splits)])
-            label = (f"splits {splits or 'auto'}" if args.splits else
-                     f"tile {'x'.join(map(str, splits)) if splits else 'default'}" if args.tiles else f"pdl {pdl}")
+        for label, _, _ in settings:
+            ms = min(times[label])
             print(f"H{H} B{B} T{T} Tq{Tq} {label}: {ms * 1e3:8.1f} us a call in a graph of {LAYERS} "
-                  f"({'/'.join(f'{t * 1e3:.1f}' for t in times[(pdl, splits)])})  {100 * nbytes / ms / 1e6 / copy:3.0f}% copy  "
+                  f"({'/'.join(f'{t * 1e3:.1f}' for t in times[label])})  {100 * nbytes / ms / 1e6 / copy:3.0f}% copy  "
                   f"{flops / ms / 1e9:5.0f} TFLOP/s", flush=True)
         del layers
         torch.cuda.empty_cache()
