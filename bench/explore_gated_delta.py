@@ -3,8 +3,9 @@
 bench_gated_delta's shapes (16 K / 32 V heads x 128, L2 norm, final state out). Informs
 kernels/gated_delta.py's _block_v and _LAUNCH (bench/NOTES.md).
 
-    python bench/explore_gated_delta.py
+    python bench/explore_gated_delta.py [--kernels state] [--rows 0,2]
 """
+import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ DEFAULTS = dict(gd._LAUNCH)
 # One sweep per kernel, the others at their defaults (8 warps at 16 columns: 4, _state_warps).
 SWEEPS = {
     "prepare": dict(prepare_bkc=(32, 64, 128), prepare_warps=(4, 8)),
-    "state": dict(block_v=(16, 32, 64), state_stages=(1, 2)),
+    "state": dict(block_v=(16, 32, 64), state_stages=(1, 2, 3)),
     "output": dict(output_warps=(4, 8)),
 }
 ROWS = ((1, 4096), (8, 4096), (1, 16384))
@@ -44,14 +45,19 @@ def kernel_ms(fn, reps=10) -> dict:
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kernels", default=",".join(SWEEPS), help="the sweeps to run (prepare, state, output)")
+    parser.add_argument("--rows", default=",".join(str(i) for i in range(len(ROWS))), help="indices into ROWS")
+    args = parser.parse_args()
+    sweeps = {name: SWEEPS[name] for name in args.kernels.split(",")}
     g = torch.Generator(device="cuda").manual_seed(0)
-    for B, T in ROWS:
+    for B, T in (ROWS[int(i)] for i in args.rows.split(",")):
         q = torch.randn(B, T, HK, D, device="cuda", dtype=DT, generator=g)
         k = torch.randn(B, T, HK, D, device="cuda", dtype=DT, generator=g)
         v = torch.randn(B, T, HV, D, device="cuda", dtype=DT, generator=g)
         gate = F.logsigmoid(torch.randn(B, T, HV, device="cuda", generator=g))
         beta = torch.rand(B, T, HV, device="cuda", generator=g)
-        for kernel, space in SWEEPS.items():
+        for kernel, space in sweeps.items():
             for values in itertools.product(*space.values()):
                 setting = dict(zip(space, values))
                 gd._LAUNCH.update(DEFAULTS)

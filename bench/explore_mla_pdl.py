@@ -1,10 +1,11 @@
 """mla_decode with and without programmatic dependent launch (GPU only), as a decode step runs it:
 LAYERS calls (each on its own cache) captured in one CUDA graph, per call; bench_mla's rows, bf16,
-L 512, R 64, contiguous caches, validate=False. Informs kernels/mla.py's _PDL (bench/NOTES.md).
+L 512, R 64, contiguous caches (--paged: pages of 64 in random order), validate=False. Informs
+kernels/mla.py's _PDL and _tiles (bench/NOTES.md).
 --splits: instead, the split counts given (and the automatic one) with the default launch.
 --tiles: instead, the tiles given (block_n x warps x stages; and the default one).
 
-    python bench/explore_mla_pdl.py [--reps 3] [--rows 0,2 --splits 2,3,5,6,8] [--tiles 32x4x3,64x8x2]
+    python bench/explore_mla_pdl.py [--reps 3] [--rows 0,2 --splits 2,3,5,6,8] [--tiles 32x4x3,64x8x2] [--paged --tiles 32x4x3:p2]
 """
 import argparse
 import sys
@@ -27,8 +28,11 @@ def main():
     parser.add_argument("--rows", default=",".join(str(i) for i in range(len(ROWS))))
     parser.add_argument("--splits", default="", help="comma-separated split counts to time instead of PDL on / off")
     parser.add_argument("--tiles", default="", help="comma-separated BLOCK_NxWARPSxSTAGES tiles to time instead")
+    parser.add_argument("--paged", action="store_true", help="paged caches (pages of 64, in random order)")
+    parser.add_argument("--page", type=int, default=64, help="with --paged: positions a page")
     args = parser.parse_args()
-    args.paged, args.identity_pages = False, False
+    sys.modules["bench.bench_mla"].PAGE = args.page
+    args.identity_pages = False
     mla = sys.modules["kernels.mla"]
     default = dict(mla._PDL)
     copy = copy_ceiling()
@@ -38,9 +42,12 @@ def main():
         settings = [(f"splits {n or 'auto'}", None, dict(num_splits=n))
                     for n in [None] + [int(v) for v in args.splits.split(",") if v]]
     elif args.tiles:
-        settings = [("tile default", None, {})] + [
-            (f"tile {v}", None, dict(zip(("block_n", "num_warps", "num_stages"), map(int, v.split("x")))))
-            for v in args.tiles.split(",") if v]
+        # A tile may name a page mode (kernels/mla.py's _PAGE_MODE), as 32x4x3:p2.
+        def tile(v):
+            spec, _, mode = v.partition(":p")
+            extra = dict(zip(("block_n", "num_warps", "num_stages"), map(int, spec.split("x")))) if spec else {}
+            return (f"tile {v}", None, {**extra, **({"page_mode": int(mode)} if mode else {})})
+        settings = [("tile default", None, {})] + [tile(v) for v in args.tiles.split(",") if v]
     else:
         settings = [("pdl True", True, {}), ("pdl False", False, {})]
     for H, B, T, Tq in (ROWS[int(i)] for i in args.rows.split(",")):
@@ -50,10 +57,13 @@ def main():
         for _ in range(args.reps):
             for label, pdl, extra in settings:
                 mla._PDL = default if pdl is None else {"narrow": pdl, "wide": pdl}
+                extra = dict(extra)
+                mla._PAGE_MODE = extra.pop("page_mode", None)
 
                 def step():
                     for q_nope, q_pe, c_kv, k_pe, lens, table, _, _ in layers:
-                        kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.07, validate=False, **extra)
+                        kernels.mla_decode(q_nope, q_pe, c_kv, k_pe, lens, 0.07, page_table=table, validate=False,
+                                           **extra)
                 try:
                     step()
                 except ValueError as e:         # a tile that does not fit in shared memory
@@ -61,10 +71,10 @@ def main():
                     times[label].append(float("inf"))
                     continue
                 times[label].append(do_bench(cuda_graph(step), warmup=10, rep=40, return_mode="median") / LAYERS)
-        mla._PDL = default
+        mla._PDL, mla._PAGE_MODE = default, None
         for label, _, _ in settings:
             ms = min(times[label])
-            print(f"H{H} B{B} T{T} Tq{Tq} {label}: {ms * 1e3:8.1f} us a call in a graph of {LAYERS} "
+            print(f"{f'paged {args.page} ' if args.paged else ''}H{H} B{B} T{T} Tq{Tq} {label}: {ms * 1e3:8.1f} us a call in a graph of {LAYERS} "
                   f"({'/'.join(f'{t * 1e3:.1f}' for t in times[label])})  {100 * nbytes / ms / 1e6 / copy:3.0f}% copy  "
                   f"{flops / ms / 1e9:5.0f} TFLOP/s", flush=True)
         del layers

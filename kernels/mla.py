@@ -230,14 +230,14 @@ def _shared_bytes(block_h, block_n, stages, block_l, block_r, elem_size):
 
 
 def _tiles(rows, L, R, elem_size, length, block_h=None, block_n=None, num_warps=None, num_stages=None, gpu=True,
-           paged=False):
+           page_size=None):
     """(BLOCK_H, BLOCK_N, BLOCK_L, BLOCK_R, num_warps, num_stages) for `rows` query rows of a
     sequence, widths L and R, and caches of at most `length` positions (16-bit tiles measured on
     the H200 by bench/explore_mla.py, bench/NOTES.md).
 
     GPU: a [BLOCK_H, BLOCK_L] fp32 accumulator and the q tiles live in registers. At L 512 (what
-    was measured) 16 rows take 32-position tiles in 3 stages over a contiguous cache, 64-position
-    tiles in 2 over a paged one (memory-bound), 32 rows 32 x 32 tiles in 3 stages, more rows
+    was measured) 16 rows take 32-position tiles (memory-bound) in 3 stages, in 5 over pages of
+    a multiple of 32 positions (page_size; None: a contiguous cache), 32 rows 32 x 32 tiles in 3 stages, more rows
     (H 128) 64 x 64 tiles with 8 warps; other wide latents 32 x 32 (Triton's
     shared memory at L 1024 exceeds _shared_bytes' count for 64-position tiles). fp32 takes
     16 x 16 tiles (its ieee dots run on FMAs, fully unrolled). Stages, then the cache tile, shrink until the tiles fit in shared
@@ -263,9 +263,14 @@ def _tiles(rows, L, R, elem_size, length, block_h=None, block_n=None, num_warps=
         bh, bn, warps, stages = 32, 32, 8 if 32 * bl >= 16384 else 4, 2
     elif fit_rows <= 16:        # DeepSeek's L 512 (bench/explore_mla.py). H 16, one token: memory-bound.
         # H200, 4 calls in a CUDA graph (bench/explore_mla_pdl.py --tiles), B 64 T 4096 contiguous:
-        # 32 x 4 warps x 3 stages 82.3 us (87 % of copy), 64 x 4 x 2 86.0 (84 %); paged (bench_mla,
-        # pages of 64): 64 x 4 x 2 74 / 92 % at T 4096 / 32768, 32 x 4 x 3 63 / 71 % (bench/NOTES.md).
-        bh, bn, warps, stages = (16, 64, 4, 2) if paged else (16, 32, 4, 3)
+        # 32 x 4 warps x 3 stages 82.3 us (87 % of copy), 64 x 4 x 2 86.0 (84 %). Pages of 64 (in
+        # random order, --paged): a tile's page index is a load that feeds its address, which
+        # Triton's pipeliner gives a stage of its own: 3 stages keep one tile buffer (no overlap
+        # inside a program), 5 keep two. T 4096 / 32768: 32 x 4 x 5 89.9-90.5 / 597-608 us (80 /
+        # 94-96 %), 64 x 4 x 2 91.0-91.6 / 612-619, 32 x 4 x 3 110.0 / 807. Pages of 16 or 1 (a page
+        # index a position): 32 x 4 x 3 best, 143 / 150 us at T 4096 against 154 for 5 stages and
+        # 176 / 201 for 64 x 4 x 2 (bench/NOTES.md).
+        bh, bn, warps, stages = 16, 32, 4, 5 if page_size and page_size % 32 == 0 else 3
     elif fit_rows <= 32:
         bh, bn, warps, stages = 32, 32, 4, 3
     else:                       # H 128: a 64-row block reads each cache tile for more heads
@@ -397,7 +402,8 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_p
 
     # Tiles and splits are planned on the capacity: the lengths stay on the device.
     bh, bn, bl, br, warps, stages = _tiles(rows, L, R, q_nope.element_size(), capacity, block_h, block_n, num_warps,
-                                           num_stages, gpu=not interpreting(), paged=page_table is not None)
+                                           num_stages, gpu=not interpreting(),
+                                           page_size=page_size if page_table is not None else None)
     row_blocks = cdiv(rows, bh)
     splits, chunk = _splits(B * row_blocks, capacity, bn, num_splits, q_nope.device, bh)
     table = page_table if page_table is not None else lens
