@@ -660,19 +660,23 @@ _GATHER_MAX_N_TILES = 8
 _PARTIALS_IN_BF16 = True
 
 
-def _moe_tma(x, I, sorted_ids, block_expert, num, inv, bm, parts, *, ranged=False, partial_dtype=None):
+# The interpreter's TMA tiles: 16 wide, so that moe's small cases cross row and column tiles.
+_INTERPRETER_TMA_TILES = dict(up_n=16, up_k=16, up_stages=1, down_n=16, down_k=16, down_stages=1, warps=4, group_m=2)
+
+
+def _moe_tma(x, I, sorted_ids, block_expert, num, inv, bm, parts, *, ranged=False, partial_dtype=None,
+             interpreter_tiles=None):
     """The two GEMMs on the TMA path: x's rows gathered into slot order (by the up kernel itself
     or by the gather kernel first), the persistent up kernel, then the down kernel. Returns the
     [slots, H] buffer of the down GEMM (`partial_dtype`; by default fp32, or bf16 for bf16 inputs).
     parts: (w13, w2, first expert, row blocks) of each chunk of the experts, in order. One part
     of every expert (moe: first expert 0, row blocks ignored), or, `ranged`, chunks whose row
     blocks are a device int32 [2] (moe_mxfp4's dequantized weights): each chunk's GEMMs run on
-    its own blocks alone."""
+    its own blocks alone. interpreter_tiles: the interpreter's tiles instead of 16-wide ones."""
     T, H = x.shape
     N = inv.numel()                                 # T k
     rows = block_expert.shape[0] * bm
-    t = _TMA_TILES if not interpreting() else dict(up_n=16, up_k=16, up_stages=1, down_n=16, down_k=16,
-                                                   down_stages=1, warps=4, group_m=2)
+    t = _TMA_TILES if not interpreting() else {**_INTERPRETER_TMA_TILES, **(interpreter_tiles or {})}
 
     def fit(cap, n):
         return min(cap, max(16, next_power_of_2(n)))
@@ -1473,13 +1477,18 @@ def _mxfp4_dequantized(x, I, w13_q, w13_scales, w2_q, w2_scales, sorted_ids, blo
     ascending over the blocks in use, -1 after them), so nothing waits for the host."""
     E, H = w13_q.shape[0], x.shape[1]
     c = max(1, min(E, _MXFP4_DEQUANT["scratch"] // (3 * H * I * x.element_size())))
+    # The interpreter runs this route's own logic (the chunks of experts, each on its own row
+    # blocks) on larger tiles than moe's and dequantize_mxfp4's own cases, which cross their
+    # 16-wide tiles: 64-wide GEMM tiles, 256-row dequantizing tiles. Its per-program cost was
+    # most of moe_mxfp4's CI time (the fp16 random test 21.7 -> 6.1 s, bench/NOTES.md).
+    tiles, dq = (dict(up_n=64, up_k=64, down_n=64, down_k=64), dict(block_m=256)) if interpreting() else (None, {})
     w13 = allocate((c, 2 * I, H), x.dtype, x.device, name="w13_dequantized")
     w2 = allocate((c, H, I), x.dtype, x.device, name="w2_dequantized")
     if c == E:
-        dequantize_mxfp4(w13_q, w13_scales, x.dtype, out=w13)
-        dequantize_mxfp4(w2_q, w2_scales, x.dtype, out=w2)
+        dequantize_mxfp4(w13_q, w13_scales, x.dtype, out=w13, **dq)
+        dequantize_mxfp4(w2_q, w2_scales, x.dtype, out=w2, **dq)
         return _moe_tma(x, I, sorted_ids, block_expert, num, inv, bm, [(w13, w2, 0, num)],
-                        partial_dtype=torch.float32)
+                        partial_dtype=torch.float32, interpreter_tiles=tiles)
     firsts = list(range(0, E, c))
     key = torch.where(block_expert < 0, E, block_expert)
     edges = torch.tensor(firsts + [E], dtype=key.dtype, device=key.device)
@@ -1488,11 +1497,11 @@ def _mxfp4_dequantized(x, I, w13_q, w13_scales, w2_q, w2_scales, sorted_ids, blo
     def parts():
         for i, e0 in enumerate(firsts):
             n = min(E, e0 + c) - e0
-            dequantize_mxfp4(w13_q[e0:e0 + n], w13_scales[e0:e0 + n], x.dtype, out=w13[:n])
-            dequantize_mxfp4(w2_q[e0:e0 + n], w2_scales[e0:e0 + n], x.dtype, out=w2[:n])
+            dequantize_mxfp4(w13_q[e0:e0 + n], w13_scales[e0:e0 + n], x.dtype, out=w13[:n], **dq)
+            dequantize_mxfp4(w2_q[e0:e0 + n], w2_scales[e0:e0 + n], x.dtype, out=w2[:n], **dq)
             yield w13[:n], w2[:n], e0, bounds[i:i + 2]
     return _moe_tma(x, I, sorted_ids, block_expert, num, inv, bm, parts(), ranged=True,
-                    partial_dtype=torch.float32)
+                    partial_dtype=torch.float32, interpreter_tiles=tiles)
 
 
 def moe_mxfp4(x: torch.Tensor, w13_q: torch.Tensor, w13_scales: torch.Tensor, w2_q: torch.Tensor,
