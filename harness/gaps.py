@@ -128,7 +128,7 @@ GAPS = (
     Gap(id="interp-runtime-loop-numpy25", backend="interpreter",
         reason="Triton 3.6's interpreter fails on loops with a runtime bound under NumPy >= 2.5",
         link="FIELD-NOTES.md, Triton's interpreter",
-        configs=("chunked",), min_versions=(("numpy", "2.5"),), max_versions=(("triton", "3.7"),)),
+        configs=("chunked", "chunked_long"), min_versions=(("numpy", "2.5"),), max_versions=(("triton", "3.7"),)),
     Gap(id="interp-runtime-loop-numpy25-grads", backend="interpreter",
         reason="Triton 3.6's interpreter fails on loops with a runtime bound under NumPy >= 2.5, and every "
                "configuration of the norms' backward kernels loops over its program's row tiles (the gap of "

@@ -17,6 +17,9 @@ class Op:
     # Named kernel configurations every case can be run under; "auto" is the launcher's own
     # choice. Tests draw among them so each code path is exercised explicitly.
     configs: dict = {"auto": {}}
+    # Configs that only pinned cases name (no random test of their own): a path that a few long
+    # cases take, say one row of 4097 in wide chunks.
+    pinned_configs: tuple = ()
 
     @property
     def launcher(self) -> str | None:
