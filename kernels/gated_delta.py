@@ -51,7 +51,7 @@ _SMS = 132                  # an H100/H200: the grid is narrowed in V until it c
 # dots are NumPy's fp32 matmul.
 GPU_PRECISION = "tf32x3"
 # Launch settings by tile size (bench/NOTES.md); None: the defaults below.
-_LAUNCH = dict(prepare_warps=None, prepare_bkc=64, state_warps=None, state_stages=2, output_warps=None)
+_LAUNCH = dict(prepare_warps=None, prepare_bkc=64, state_warps=None, state_stages=2, output_warps=None, output_bv=None)
 
 
 @triton.jit
@@ -677,7 +677,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         BT=chunk_size, BK=bk, BV=bv, EXACT=exact, PRECISION=precision,
         num_warps=_state_warps(bk, bv), num_stages=_LAUNCH["state_stages"])
     if chunks:
-        bvo = min(64 if Dk <= 128 else 32, max(16, next_power_of_2(Dv)))
+        # 32 value columns an output program (161 registers: 3 programs an SM) beat 64 (241: 2) by
+        # 10 % and 16 (more reads of q) by more (H200, bench/explore_gated_delta.py --kernels output).
+        bvo = min(_LAUNCH["output_bv"] or 32, max(16, next_power_of_2(Dv)))
         _gdn_output_kernel[(chunks, N * Hv, cdiv(Dv, bvo))](
             q, v, u, aqk, e_g, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
             *q.stride(), *v.stride(), *o.stride()[:3], int(varlen),
