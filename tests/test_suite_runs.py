@@ -37,7 +37,7 @@ def test_records_from_every_xdist_worker_reach_the_audit_the_baseline_and_junit(
     # --update-baseline on the controller: one row per case group of every worker's records
     rows = bl.load(base).rows
     assert rows == bl.group_rows(doc["records"]) and len(rows) >= 8
-    assert {k[3] for k in rows} == {"auto", "chunked"} and "nonfinite" in {k[4] for k in rows}
+    assert {k[3] for k in rows} == {"auto", "chunked", "chunked_long"} and "nonfinite" in {k[4] for k in rows}
     # --junitxml: each case's worst errors as properties, none of the records' JSON transport
     cases = list(ET.parse(xml).iter("testcase"))
     assert len(cases) == passed
