@@ -255,7 +255,7 @@ def test_tiles_fit_the_gpu_or_fp32_is_refused():
     naming c_kv (never computed another way), DeepSeek's widths fit in every dtype."""
     from kernels.mla import _SHARED_BYTES, _shared_bytes
     for elem_size in (4, 2):
-        for rows, page_size in ((128, None), (16, None), (16, 64), (16, 16), (32, None)):  # (H 16's: by pages)
+        for rows, page_size in ((128, None), (16, None), (16, 64), (16, 16), (32, None), (32, 64)):  # by pages
             bh, bn, bl, br, warps, stages = _tiles(rows, 512, 64, elem_size, 4096, gpu=True, page_size=page_size)
             assert _shared_bytes(bh, bn, stages, bl, br, elem_size) <= _SHARED_BYTES, (rows, page_size, elem_size)
             assert (bl, br) == (512, 64)
