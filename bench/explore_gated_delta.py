@@ -3,7 +3,7 @@
 bench_gated_delta's shapes (16 K / 32 V heads x 128, L2 norm, final state out). Informs
 kernels/gated_delta.py's _block_v and _LAUNCH (bench/NOTES.md).
 
-    python bench/explore_gated_delta.py [--kernels state] [--rows 0,2]
+    python bench/explore_gated_delta.py [--kernels state] [--rows 0,2] [--values "block_v=8,16;state_stages=2"]
 """
 import argparse
 import itertools
@@ -48,8 +48,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--kernels", default=",".join(SWEEPS), help="the sweeps to run (prepare, state, output)")
     parser.add_argument("--rows", default=",".join(str(i) for i in range(len(ROWS))), help="indices into ROWS")
+    parser.add_argument("--values", default="", help='override a sweep\'s values, as "block_v=8,16;state_stages=2"')
     args = parser.parse_args()
-    sweeps = {name: SWEEPS[name] for name in args.kernels.split(",")}
+    sweeps = {name: dict(SWEEPS[name]) for name in args.kernels.split(",")}
+    for item in filter(None, args.values.split(";")):
+        key, _, values = item.partition("=")
+        for space in sweeps.values():
+            if key in space:
+                space[key] = tuple(int(v) for v in values.split(","))
     g = torch.Generator(device="cuda").manual_seed(0)
     for B, T in (ROWS[int(i)] for i in args.rows.split(",")):
         q = torch.randn(B, T, HK, D, device="cuda", dtype=DT, generator=g)
