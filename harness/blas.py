@@ -39,6 +39,32 @@ def _loaded_libraries() -> list[str]:
                       for p in d.iterdir() if "openblas" in p.name.lower())
 
 
+_THREAD_SYMBOLS = [f"{prefix}openblas_set_num_threads{suffix}" for prefix in ("", "scipy_") for suffix in ("", "64_", "_64")]
+
+
+def one_thread() -> bool:
+    """Run NumPy's OpenBLAS on one thread from now on (an xdist worker: several workers, each with
+    a thread per core, oversubscribe the cores). Two processes on the 2-core CI machine, each
+    multiplying the interpreter's small tiles (16-128 wide) 20000 times: 2.55 s with OpenBLAS's
+    default threads, 0.34 s with one. The bits do not change (OpenBLAS splits a product's rows and
+    columns among its threads, never one element's sum; gated_delta_rule, flash_attention_backward
+    and swiglu_backward's 1835 checks gave the same errors on 1 and 2 threads). Returns whether an
+    OpenBLAS took the setting; never raises."""
+    try:
+        import numpy  # noqa: F401  (loads the BLAS)
+        for path in _loaded_libraries():
+            lib = ctypes.CDLL(path)
+            for name in _THREAD_SYMBOLS:
+                fn = getattr(lib, name, None)
+                if fn is not None:
+                    fn.argtypes = [ctypes.c_int]
+                    fn(1)
+                    return True
+    except Exception:
+        pass
+    return False
+
+
 def info() -> dict:
     """{"coretype": OPENBLAS_CORETYPE as set (None: unset), "corename": the core type OpenBLAS
     runs (None when NumPy's BLAS is not an OpenBLAS that says), "library": its file name,

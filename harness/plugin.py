@@ -336,6 +336,7 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
         torch.set_num_threads(1)      # n workers x n threads would oversubscribe the cores
+        blas.one_thread()             # and NumPy's OpenBLAS (the interpreter's tl.dot): harness/blas.py
     st = State(chosen, budgets, profile, n_kernels, filters=selection_filters(config), shard=shard, fuzz=fuzz,
                timer=timer)
     try:
