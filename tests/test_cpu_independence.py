@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import audit, baseline as bl, budgets as budget_file, cpu_spread, gaps
+from harness import audit, baseline as bl, blas, budgets as budget_file, cpu_spread, gaps
 from harness.plugin import ROOT
 
 OPS = ("flash_attention", "flash_attention_backward", "decode_attention", "mla_decode", "gated_delta_rule", "matmul",
@@ -129,6 +129,25 @@ def test_a_forced_core_type_must_take_effect():
     assert "there is no spread to measure" in cpu_spread.check_cores(["native", "Haswell", "Zen"], infos)[0]
     infos["Prescott"] = {"corename": "Katmai"}
     assert cpu_spread.check_cores(["native", "Haswell", "Prescott"], infos) == []
+
+
+def test_an_xdist_worker_runs_numpys_blas_on_one_thread(tmp_path):
+    """The plugin gives each xdist worker one OpenBLAS thread (harness/blas.py one_thread): read
+    back in a worker, the library's own thread count is 1 (a fresh process without the plugin's
+    call keeps OpenBLAS's default, one a core)."""
+    import subprocess
+    import sys
+    test = tmp_path / "test_threads.py"
+    test.write_text("import ctypes\nfrom harness import blas\n\n\ndef test_threads():\n"
+                    "    lib = ctypes.CDLL(blas._loaded_libraries()[0])\n"
+                    "    get = next(getattr(lib, n) for n in ('scipy_openblas_get_num_threads64_', "
+                    "'openblas_get_num_threads') if hasattr(lib, n))\n"
+                    "    assert get() == 1\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "harness.plugin", "-n", "1",
+                           str(test), f"--rootdir={tmp_path}", "-q"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert blas.one_thread() is True
 
 
 def test_the_probe_reads_back_the_forced_core_type():
