@@ -20,9 +20,11 @@ ENV = "OPENBLAS_CORETYPE"
 MKL_ENV = "MKL_ENABLE_INSTRUCTIONS"
 ATEN_ENV = "ATEN_CPU_CAPABILITY"
 
-# OpenBLAS exports openblas_get_corename; scipy-openblas renames its symbols with a prefix and a
-# suffix (scipy_openblas_get_corename64_). The same names threadpoolctl tries.
-_SYMBOLS = [f"{prefix}openblas_get_corename{suffix}" for prefix in ("", "scipy_") for suffix in ("", "64_", "_64")]
+
+# OpenBLAS exports openblas_get_corename and friends; scipy-openblas renames its symbols with a
+# prefix and a suffix (scipy_openblas_get_corename64_). The same names threadpoolctl tries.
+def _symbols(name: str) -> list[str]:
+    return [f"{prefix}openblas_{name}{suffix}" for prefix in ("", "scipy_") for suffix in ("", "64_", "_64")]
 
 
 def _loaded_libraries() -> list[str]:
@@ -39,7 +41,17 @@ def _loaded_libraries() -> list[str]:
                       for p in d.iterdir() if "openblas" in p.name.lower())
 
 
-_THREAD_SYMBOLS = [f"{prefix}openblas_set_num_threads{suffix}" for prefix in ("", "scipy_") for suffix in ("", "64_", "_64")]
+def _openblas(name: str):
+    """(function, library path) of OpenBLAS's `name` (openblas_<name>) in NumPy's BLAS, or (None,
+    None). Imports NumPy, which loads its BLAS."""
+    import numpy  # noqa: F401
+    for path in _loaded_libraries():
+        lib = ctypes.CDLL(path)
+        for symbol in _symbols(name):
+            fn = getattr(lib, symbol, None)
+            if fn is not None:
+                return fn, path
+    return None, None
 
 
 def one_thread() -> bool:
@@ -51,15 +63,11 @@ def one_thread() -> bool:
     and swiglu_backward's 1835 checks gave the same errors on 1 and 2 threads). Returns whether an
     OpenBLAS took the setting; never raises."""
     try:
-        import numpy  # noqa: F401  (loads the BLAS)
-        for path in _loaded_libraries():
-            lib = ctypes.CDLL(path)
-            for name in _THREAD_SYMBOLS:
-                fn = getattr(lib, name, None)
-                if fn is not None:
-                    fn.argtypes = [ctypes.c_int]
-                    fn(1)
-                    return True
+        fn, _ = _openblas("set_num_threads")
+        if fn is not None:
+            fn.argtypes = [ctypes.c_int]
+            fn(1)
+            return True
     except Exception:
         pass
     return False
@@ -78,15 +86,10 @@ def info() -> dict:
     except Exception:
         pass
     try:
-        import numpy  # noqa: F401  (loads the BLAS)
-        for path in _loaded_libraries():
-            lib = ctypes.CDLL(path)
-            for name in _SYMBOLS:
-                fn = getattr(lib, name, None)
-                if fn is not None:
-                    fn.restype = ctypes.c_char_p
-                    out.update(corename=fn().decode(), library=Path(path).name)
-                    return out
+        fn, path = _openblas("get_corename")
+        if fn is not None:
+            fn.restype = ctypes.c_char_p
+            out.update(corename=fn().decode(), library=Path(path).name)
     except Exception:           # a BLAS we cannot ask (Accelerate, MKL, no /proc...): corename None
         pass
     return out
