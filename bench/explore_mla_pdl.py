@@ -5,7 +5,7 @@ kernels/mla.py's _PDL and _tiles (bench/NOTES.md).
 --splits: instead, the split counts given (and the automatic one) with the default launch.
 --tiles: instead, the tiles given (block_n x warps x stages; and the default one).
 
-    python bench/explore_mla_pdl.py [--reps 3] [--rows 0,2 --splits 2,3,5,6,8] [--tiles 32x4x3,64x8x2] [--paged --tiles 32x4x3:p2]
+    python bench/explore_mla_pdl.py [--reps 3] [--rows 0,2 --splits 2,3,5,6,8] [--tiles 32x4x3,64x8x2] [--paged --tiles 32x4x3:p0]
 """
 import argparse
 import sys
@@ -42,7 +42,7 @@ def main():
         settings = [(f"splits {n or 'auto'}", None, dict(num_splits=n))
                     for n in [None] + [int(v) for v in args.splits.split(",") if v]]
     elif args.tiles:
-        # A tile may name a page mode (kernels/mla.py's _PAGE_MODE), as 32x4x3:p2.
+        # A tile may name a page mode (kernels/mla.py's _PAGE_MODE), as 32x4x3:p0.
         def tile(v):
             spec, _, mode = v.partition(":p")
             extra = dict(zip(("block_n", "num_warps", "num_stages"), map(int, spec.split("x")))) if spec else {}
