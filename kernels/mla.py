@@ -262,19 +262,18 @@ def _tiles(rows, L, R, elem_size, length, block_h=None, block_n=None, num_warps=
         bh, bn, warps, stages = 64, 64, 4, 2
     elif bl != 512:             # other wide latents: not measured, the tiles that always fit
         bh, bn, warps, stages = 32, 32, 8 if 32 * bl >= 16384 else 4, 2
-    elif fit_rows <= 16:        # DeepSeek's L 512 (bench/explore_mla.py). H 16, one token: memory-bound.
+    elif fit_rows <= 32:        # DeepSeek's L 512 (bench/explore_mla.py). H 16, 1 or 2 tokens: memory-bound.
         # H200, 4 calls in a CUDA graph (bench/explore_mla_pdl.py --tiles), B 64 T 4096 contiguous:
-        # 32 x 4 warps x 3 stages 82.3 us (87 % of copy), 64 x 4 x 2 86.0 (84 %). Pages of 64 (in
-        # random order, --paged): a tile's page index is a load that feeds its address, which
-        # Triton's pipeliner gives a stage of its own: 3 stages keep one tile buffer (no overlap
-        # inside a program), 5 keep two. T 4096 / 32768: 32 x 4 x 5 89.9-90.5 / 597-608 us (80 /
-        # 94-96 %), 64 x 4 x 2 91.0-91.6 / 612-619, 32 x 4 x 3 110.0 / 807. Pages of 16 or 1 (a page
-        # index a position): 32 x 4 x 3 best, 143 / 150 us at T 4096 against 154 for 5 stages and
-        # 176 / 201 for 64 x 4 x 2 (bench/NOTES.md).
-        bh, bn, warps, stages = 16, 32, 4, 5 if page_size and page_size % 32 == 0 else 3
-    elif fit_rows <= 32:
-        # B 128 T 8192 Tq 2 (32 rows) over pages of 64: 5 stages 436.8 us against 523 for 3 or 4.
-        bh, bn, warps, stages = 32, 32, 4, 5 if page_size and page_size % 32 == 0 else 3
+        # 32 x 4 warps x 3 stages 82.3 us (87 % of copy), 64 x 4 x 2 86.0 (84 %). Over pages whose
+        # size is a multiple of the tile (one page index a tile), that index is a load feeding the
+        # tile's address, which Triton's pipeliner gives a stage of its own: 3 stages keep one tile
+        # buffer (no overlap inside a program), 5 keep two. Pages of 64, T 4096 / 32768: 32 x 4 x 5
+        # 89.9-90.5 / 597-608 us (80 / 94-96 %), 64 x 4 x 2 91.0-91.6 / 612-619, 32 x 4 x 3 110.0 /
+        # 807; 32-row blocks (B 128 T 8192 Tq 2) 436.8 us at 5 stages against 523 at 3 or 4. Pages of
+        # 16 or 1 (a page index a position): 3 stages best, 143 / 150 us at T 4096 against 154 for 5
+        # stages and 176 / 201 for 64 x 4 x 2 (bench/NOTES.md).
+        stages = 5 if page_size and page_size % 32 == 0 else 3
+        bh, bn, warps = fit_rows, 32, 4              # fit_rows: 16 or 32
     else:                       # H 128: a 64-row block reads each cache tile for more heads
         bh, bn, warps, stages = 64, 64, 8, 2
     bh = block_h or min(bh, fit_rows)

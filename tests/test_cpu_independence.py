@@ -16,6 +16,7 @@ through NumPy's BLAS: there the test is a declared gap (gpu-dot-not-numpy-blas, 
 The tool's own logic (core types in effect, the spread report's flags) is checked below on
 made-up audits."""
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -145,7 +146,7 @@ def test_an_xdist_worker_runs_numpys_blas_on_one_thread(tmp_path):
                     "    assert get() == 1\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "harness.plugin", "-n", "1",
                            str(test), f"--rootdir={tmp_path}", "-q"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert blas.one_thread() is True
 
