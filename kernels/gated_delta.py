@@ -187,7 +187,9 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PRECISION: t
 # is compiled per alignment of q, k, v and o (by_alignment, kernels/_variants.py): specialised on
 # their 16-byte aligned pointers, unit element strides, token / head strides and head dims that
 # are multiples of 16 (vectorised loads and stores: without them T 4096 takes 2-3x as long,
-# bench/NOTES.md) when all of these are, on none of them otherwise. Lengths, head counts, the
+# bench/NOTES.md) when all of these are, on none of them otherwise. The batch strides belong to
+# the groups too: a row's address is b * s_b + ..., so without them its alignment is unknown and
+# each 16-bit element is loaded on its own (the prepare kernel 12 % slower at T 16384, session 21). Lengths, head counts, the
 # other strides and the flags (varlen, L2 norm, initial and final state) are runtime values in
 # every variant; the workspaces (aligned, their row strides multiples of 16 whatever the dims)
 # are specialised in every variant, which costs none.
@@ -454,11 +456,16 @@ def _gdn_output_kernel(q_ptr, v_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, hc_ptr, o_p
 
 
 _gdn_prepare_kernel = by_alignment(
-    _gdn_prepare_kernel, qkv="q_ptr k_ptr v_ptr sq_t sq_h sq_d sk_t sk_h sk_d sv_t sv_h sv_d Dk Dv", workspaces="su")
+    _gdn_prepare_kernel, qkv="q_ptr k_ptr v_ptr sq_b sq_t sq_h sq_d sk_b sk_t sk_h sk_d sv_b sv_t sv_h sv_d Dk Dv",
+    workspaces="su")
+# The state pass leaves the batch strides out of its group on purpose: K's rows whose alignment is
+# known are copied into shared memory ahead by the pipeliner, which spilled 240-290 bytes and cost
+# the B 8 row 11 % (H200, session 21: 2.53 -> 2.81 ms; B 1 T 16384 1.87 -> 1.76 ms).
 _gdn_state_kernel = by_alignment(_gdn_state_kernel, kv="k_ptr v_ptr sk_t sk_h sk_d sv_t sv_h sv_d Dk Dv",
                                  workspaces="su")
 _gdn_output_kernel = by_alignment(
-    _gdn_output_kernel, qvo="q_ptr v_ptr sq_t sq_h sq_d sv_t sv_h sv_d Dk Dv o_ptr so_b so_t so_h", workspaces="su")
+    _gdn_output_kernel, qvo="q_ptr v_ptr sq_b sq_t sq_h sq_d sv_b sv_t sv_h sv_d Dk Dv o_ptr so_b so_t so_h",
+    workspaces="su")
 
 
 # The decode step specialises on the state tile (its strides, address and dims: its traffic).
