@@ -99,6 +99,8 @@ def main():
                     help="the decode part's pointer tiles to sweep (default: four built in)")
     ap.add_argument("--gemv-rows", default="qwen3:1,qwen3:4,qwen3:16,mixtral:1,mixtral:4",
                     help="gemv4: the rows, model:T,...")
+    ap.add_argument("--moe-gemv-variants", default=None, metavar="LABEL:KEY=V,KEY=V;...",
+                    help="moe_gemv: the _MOE_GEMV settings to time (default: the built-in list)")
     ap.add_argument("--loose-capacity", action="store_true",
                     help="decode: also time the permutation's old capacity T k + E (block - 1)")
     args = ap.parse_args()
@@ -407,6 +409,11 @@ def main():
                     "down stages 5": dict(down_stages=5), "down 2 rows": dict(down_n=2), "down 8 rows": dict(down_n=8),
                     "up 8 rows": dict(up_n=8), "down 256 cols": dict(down_k=256),
                     "down 8 rows, stages 4": dict(down_n=8, down_stages=4)}
+        if args.moe_gemv_variants:
+            variants = {"default": {}}
+            for item in args.moe_gemv_variants.split(";"):
+                label, _, pairs = item.partition(":")
+                variants[label] = {key: int(value) for key, value in (p.split("=") for p in pairs.split(","))}
         for name, Td in (("qwen3", 1), ("qwen3", 4), ("mixtral", 1)):
             E, k, H, I = SHAPES[name]
             x, w13, w2, ids, tw = setup(name, Td, seed=Td)
