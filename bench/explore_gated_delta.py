@@ -23,7 +23,7 @@ HK, HV, D, DT = 16, 32, 128, torch.bfloat16
 DEFAULTS = dict(gd._LAUNCH)
 # One sweep per kernel, the others at their defaults (8 warps at 16 columns: 4, _state_warps).
 SWEEPS = {
-    "prepare": dict(prepare_bkc=(32, 64, 128), prepare_warps=(4, 8)),
+    "prepare": dict(prepare_bkc=(32, 64, 128), prepare_warps=(4, 8), inverse_precision=("ieee",)),
     "state": dict(block_v=(16, 32, 64), state_stages=(1, 2, 3)),
     "output": dict(output_bv=(16, 32, 64), output_warps=(4, 8)),
 }
@@ -55,7 +55,7 @@ def main():
         key, _, values = item.partition("=")
         for space in sweeps.values():
             if key in space:
-                space[key] = tuple(int(v) for v in values.split(","))
+                space[key] = tuple(int(v) if v.isdigit() else v for v in values.split(","))
     g = torch.Generator(device="cuda").manual_seed(0)
     for B, T in (ROWS[int(i)] for i in args.rows.split(",")):
         q = torch.randn(B, T, HK, D, device="cuda", dtype=DT, generator=g)

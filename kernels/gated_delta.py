@@ -20,7 +20,8 @@ Everything is fp32: only o is rounded to the input dtype. The products (_dot) ar
 GPU (GPU_PRECISION; NumPy's fp32 on the interpreter), except where an operand is a 16-bit input,
 which TF32 holds exactly: the other operand is split in two TF32 halves (two products, the same
 accuracy as tf32x3's three), and K K^T, Q K^T of 16-bit inputs are 16-bit products with fp32
-sums (exact products). The L2 norms and decays are row or column factors applied outside those
+sums (exact products). The triangular inverse's small products (16 x 16 blocks, then 16 and 32)
+are fp32 FMA loops ("ieee"): fewer instructions than tf32x3's split products there. The L2 norms and decays are row or column factors applied outside those
 products, so that q, k and v enter them as they are. seg is a scan of g within its segment, not a
 difference of cumulative sums: G_i - G_j keeps the rounding of every partial sum at |G| (a chunk
 of g = -1e4 then 63 times -0.013 moves the later weights exp(G_i - G_j) by up to 2%), where a
@@ -50,8 +51,12 @@ _SMS = 132                  # an H100/H200: the grid is narrowed in V until it c
 # _dot); "ieee" dots (FMA loops) took minutes to compile at these tile sizes. The interpreter's
 # dots are NumPy's fp32 matmul.
 GPU_PRECISION = "tf32x3"
-# Launch settings by tile size (bench/NOTES.md); None: the defaults below.
-_LAUNCH = dict(prepare_warps=None, prepare_bkc=64, state_warps=None, state_stages=2, output_warps=None, output_bv=None)
+# Launch settings by tile size (bench/NOTES.md); None: the defaults below. inverse_precision: the
+# triangular inverse's products. Its blocks are small enough for FMA loops, which compile in
+# seconds and cut the prepare kernel 7-10 % against tf32x3 (H200, session 21: T 16384 1.925 ->
+# 1.788 ms; the state pass's 64 x 128 products spill 800 bytes as FMA loops: not there).
+_LAUNCH = dict(prepare_warps=None, prepare_bkc=64, state_warps=None, state_stages=2, output_warps=None, output_bv=None,
+               inverse_precision="ieee")
 
 
 @triton.jit
@@ -201,7 +206,7 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         sg_b, sg_t, sg_h, sb_b, sb_t, sb_h, varlen, l2norm,
                         BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr,
-                        BV: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr):
+                        BV: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr):
     """One chunk of one (sequence, V head), independent of the state: W, U, Aqk, the decays and
     the row factors of q and k (the module docstring), into fp32 workspaces indexed by token
     (row = b T + position; W's rows BK wide, U's su). Dk is taken in blocks of BKC columns (a
@@ -263,7 +268,7 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
         # The masked scores now, so that qk and decay are not held through the inverse.
         qk = tl.math.div_rn(tl.math.div_rn(qk, q_norm[:, None]), k_norm[None, :])
         tl.store(aqk_ptr + (row * Hv + h)[:, None] * BT + cols, qk * decay * scale, mask=t_ok[:, None])
-        Tm = _unit_lower_inverse(A, BT, LOG2_BT, PRECISION)
+        Tm = _unit_lower_inverse(A, BT, LOG2_BT, INV_PRECISION)
 
         # W = T diag(beta exp(G) / |k|) K and U = T diag(beta) V: the factors go to T's columns,
         # so that K and V are read as they are.
@@ -677,6 +682,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), int(varlen), int(use_qk_l2norm),
             BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, _LAUNCH["prepare_bkc"]),
             BV=min(64, max(16, next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
+            INV_PRECISION=_LAUNCH["inverse_precision"],
             num_warps=_prepare_warps(bk))
     _gdn_state_kernel[(N * Hv, cdiv(Dv, bv))](
         k, v, w, u, e_g, k_f, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
