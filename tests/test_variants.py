@@ -156,7 +156,7 @@ def _production_calls(dev, dtype=torch.float32):
     kernels.embedding(ids, table)
     kernels.embedding_backward(r(1, 5, D), ids, 16)
     yield "gated delta"
-    Hk, Hv, Dk, Dv, Tg = 1, 2, 16, 32, 5
+    Hk, Hv, Dk, Dv, Tg = 1, 2, 128, 128, 5      # Qwen3.5's head dims: wide enough rows to vectorise
     kernels.gated_delta_rule(r(1, Tg, Hk, Dk), r(1, Tg, Hk, Dk), r(1, Tg, Hv, Dv), -r(1, Tg, Hv).abs(),
                              r(1, Tg, Hv).sigmoid(), output_final_state=True)
     yield "moe"
