@@ -21,8 +21,9 @@ GPU (GPU_PRECISION; NumPy's fp32 on the interpreter), except where an operand is
 which TF32 holds exactly: the other operand is split in two TF32 halves (two products, the same
 accuracy as tf32x3's three), and K K^T, Q K^T of 16-bit inputs are 16-bit products with fp32
 sums (exact products). The triangular inverse's small products (16 x 16 blocks, then 16 and 32)
-are fp32 FMA loops ("ieee"): fewer instructions than tf32x3's split products there. The L2 norms and decays are row or column factors applied outside those
-products, so that q, k and v enter them as they are. seg is a scan of g within its segment, not a
+are fp32 FMA loops ("ieee"): fewer instructions than tf32x3's split products there. The L2 norms
+and decays are row or column factors applied outside those products, so that q, k and v enter
+them as they are. seg is a scan of g within its segment, not a
 difference of cumulative sums: G_i - G_j keeps the rounding of every partial sum at |G| (a chunk
 of g = -1e4 then 63 times -0.013 moves the later weights exp(G_i - G_j) by up to 2%), where a
 segment's own sum of same-signed terms keeps its relative accuracy.
@@ -194,10 +195,10 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PRECISION: t
 # are multiples of 16 (vectorised loads and stores: without them T 4096 takes 2-3x as long,
 # bench/NOTES.md) when all of these are, on none of them otherwise. The batch strides belong to
 # the groups too: a row's address is b * s_b + ..., so without them its alignment is unknown and
-# each 16-bit element is loaded on its own (the prepare kernel 12 % slower at T 16384, session 21). Lengths, head counts, the
-# other strides and the flags (varlen, L2 norm, initial and final state) are runtime values in
-# every variant; the workspaces (aligned, their row strides multiples of 16 whatever the dims)
-# are specialised in every variant, which costs none.
+# each 16-bit element is loaded on its own (the prepare kernel 12 % slower at T 16384, session
+# 21). Lengths, head counts, the other strides and the flags (varlen, L2 norm, initial and final
+# state) are runtime values in every variant; the workspaces (aligned, their row strides
+# multiples of 16 whatever the dims) are specialised in every variant, which costs none.
 
 
 @triton.jit
