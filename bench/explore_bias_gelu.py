@@ -16,7 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
 from kernels import activations  # noqa: E402
 
-CONFIGS = [(4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 8), (4, 2048, 8), (2, 2048, 4), (16, 512, 8)]
+# (BLOCK_M, BLOCK_N, warps). The first seven move 32 elements a thread; the last four 8 or 16, for
+# fewer registers and more warps an SM (sm_90 ptxas, tl.erf at bf16: 4 x 1024 x 4 72 registers,
+# 7 programs an SM; 2 x 1024 x 4 40 registers, 12; 1 x 1024 x 4 32, 16; bench/NOTES.md, session 21).
+CONFIGS = [(4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 8), (4, 2048, 8), (2, 2048, 4), (16, 512, 8),
+           (1, 1024, 4), (2, 1024, 4), (4, 1024, 8), (2, 2048, 8)]
 
 
 def main():
