@@ -264,10 +264,12 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
         G = tl.cumsum(g, axis=0)
         decay = tl.where(causal, tl.exp(seg), 0.0)
         to_end = tl.sum(tl.where(rows == BT - 1, seg, 0.0), axis=0)              # sum_{t > j} g_t
-        kk = tl.math.div_rn(tl.math.div_rn(kk, k_norm[:, None]), k_norm[None, :])
+        # One division by the product of the two norms (two roundings, as two divisions would
+        # be, at half their instructions: a correctly rounded division is some 20 a tile element)
+        kk = tl.math.div_rn(kk, k_norm[:, None] * k_norm[None, :])
         A = tl.where(cols < rows, beta[:, None] * kk * decay, 0.0)
         # The masked scores now, so that qk and decay are not held through the inverse.
-        qk = tl.math.div_rn(tl.math.div_rn(qk, q_norm[:, None]), k_norm[None, :])
+        qk = tl.math.div_rn(qk, q_norm[:, None] * k_norm[None, :])
         tl.store(aqk_ptr + (row * Hv + h)[:, None] * BT + cols, qk * decay * scale, mask=t_ok[:, None])
         Tm = _unit_lower_inverse(A, BT, LOG2_BT, INV_PRECISION)
 
@@ -573,12 +575,17 @@ def _state_warps(bk, bv):
     return 4 if bv < 32 else warps
 
 
-def _prepare_warps(bk):
-    """Warps of a prepare program: 8 from 64 key columns up (at 4 its [64, 64] fp32 tiles spilled,
-    bench/NOTES.md), else 4. Triton 3.6 miscompiled the 8-warp kernel at 16 key columns with 16-bit
-    inputs and 24 or 40 value columns: U came out off by a 16-bit rounding (H200; the GPU baseline
-    gate caught the final state's error growing 23-822x)."""
-    return _LAUNCH["prepare_warps"] or (8 if bk >= 64 else 4)
+def _prepare_warps(bk, exact):
+    """Warps of a prepare program. 16-bit inputs: 4 (255 registers, 36-64 bytes spilled: two
+    programs an SM, whose barriers and latencies overlap): 28-34 % faster than 8 warps (one program
+    an SM, no spill) at Dk 128 (H200, session 22: T 16384 1.68 -> 1.26 ms; bench/NOTES.md). Triton
+    3.6 also miscompiled the 8-warp kernel at 16 key columns with 16-bit inputs and 24 or 40 value
+    columns: U came out off by a 16-bit rounding (H200; the GPU baseline gate caught the final
+    state's error growing 23-822x). fp32 inputs: 8 warps from 64 key columns up (at 4 they spill
+    344-2192 bytes, offline sm_90; not timed), else 4."""
+    if _LAUNCH["prepare_warps"]:
+        return _LAUNCH["prepare_warps"]
+    return 8 if bk >= 64 and not exact else 4
 
 
 def _check_cu(cu, B, T, device):
@@ -684,7 +691,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, _LAUNCH["prepare_bkc"]),
             BV=min(64, max(16, next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
             INV_PRECISION=_LAUNCH["inverse_precision"],
-            num_warps=_prepare_warps(bk))
+            num_warps=_prepare_warps(bk, exact))
     _gdn_state_kernel[(N * Hv, cdiv(Dv, bv))](
         k, v, w, u, e_g, k_f, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
         *k.stride(), *v.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
