@@ -42,6 +42,27 @@ _BACKWARD_TILE = 1024   # the same for bias_gelu_backward (_backward_tile)
 
 
 @triton.jit
+def _gelu_for_16bit(z):
+    """The exact GELU 0.5 z (1 + erf(z / sqrt 2)) of an fp32 tile whose result is rounded to fp16
+    or bf16. erf is a library call of some 25 instructions (the bf16 kernel: 1258 SASS
+    instructions with it, 924 with this form; 66 % against 82 % of copy on the H200, session 22);
+    a 16-bit result needs far less than its fp32 accuracy. Here erfc(a), a = |z| / sqrt 2, is Hastings' form (Abramowitz and Stegun
+    7.1.26): t (c1 + c2 t + ... + c5 t^4) exp(-a^2), t = 1 / (1 + p a), |erf error| <= 1.5e-7,
+    one fast reciprocal and one exp. 1 + erf is 2 - erfc(a) for z >= 0 and erfc(a) itself for
+    z < 0: no cancellation. The form's own relative error in Phi(z) grows in the far negative
+    tail (float64: 5e-5 at z = -3, 5e-4 at -4, 1e-2 at -8), where |gelu| falls below 1e-4 and
+    then 1e-14; its absolute error in gelu stays below 2.1e-7 (at z ~ -3), inside the budgets'
+    atol. Limits as activate's gelu: +inf gives +inf, -inf gives -0, NaN stays NaN."""
+    # a = |z| / sqrt 2 folded into the constants: t = 1 / (1 + p a), exp(-a^2) = 2^(-z^2 log2(e) / 2),
+    # and the coefficients halved: e = t poly exp(-a^2) = erfc(a) / 2 = Phi(-|z|)
+    t = tl.fdiv(1.0, 1.0 + 0.2316418882663604 * tl.abs(z), ieee_rounding=False)
+    poly = 0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145)))
+    e = t * poly * tl.exp2(-0.7213475204444817 * (z * z))
+    # z Phi(z): z e for z < 0, z (1 - e) for z >= 0 (+inf: inf (1 - 0))
+    return tl.where(z == -float("inf"), -0.0, z * tl.where(z < 0.0, e, 1.0 - e))
+
+
+@triton.jit
 def _bias_gelu_kernel(y_ptr, b_ptr, o_ptr, n_rows, N, n1, n2, ys0, ys1, ys2, ysn, bs,
                       HAS_BIAS: tl.constexpr, ACT: tl.constexpr, CONTIGUOUS: tl.constexpr, EVEN: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -69,11 +90,19 @@ def _bias_gelu_kernel(y_ptr, b_ptr, o_ptr, n_rows, N, n1, n2, ys0, ys1, ys2, ysn
             x = x + tl.load(b_ptr + cols * bs).to(tl.float32)[None, :]
         else:
             x = x + tl.load(b_ptr + cols * bs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    g = activate(x, ACT).to(o_ptr.dtype.element_ty)       # ACT: "gelu" or "gelu_tanh"
-    if EVEN:
-        tl.store(o_ptr + o_off, g)
+    if ACT == "gelu_16bit":
+        # The output's addresses formed before the math: ptxas then schedules it in 56 registers
+        # (9 programs an SM); formed after, in 95 (5), and the kernel ran at 66 % of copy
+        # whatever the form (offline sm_90 SASS and H200, session 22; bench/explore_gelu_bisect.py).
+        o_ptrs = o_ptr + o_off
+        g = _gelu_for_16bit(x).to(o_ptr.dtype.element_ty)
     else:
-        tl.store(o_ptr + o_off, g, mask=mask)
+        g = activate(x, ACT).to(o_ptr.dtype.element_ty)   # ACT: "gelu" or "gelu_tanh"
+        o_ptrs = o_ptr + o_off      # before the math, tl.erf's kernel takes 76 registers, not 72
+    if EVEN:
+        tl.store(o_ptrs, g)
+    else:
+        tl.store(o_ptrs, g, mask=mask)
 
 
 _bias_gelu_kernel = by_alignment(
@@ -81,9 +110,10 @@ _bias_gelu_kernel = by_alignment(
 
 
 def _tile(n_cols: int, block_cols: int | None, approximate: str = "none"):
-    """(BLOCK_M, BLOCK_N, num_warps) for rows of n_cols features. H200 sweep at 32768 x 16384
-    (bench/explore_gemm_family.py): the erf form is fastest at 4 x 1024 with 4 warps, the
-    cheaper tanh form at 8 x 1024 with 8 warps (94% of copy against 85%)."""
+    """(BLOCK_M, BLOCK_N, num_warps) for rows of n_cols features. H200 sweeps at 32768 x 16384
+    (bench/explore_bias_gelu.py): the erf forms at 4 x 1024 with 4 warps, the cheaper tanh form at
+    8 x 1024 with 8 warps (94-95% of copy). Smaller erf tiles (8 to 16 elements a thread, 32-52
+    registers) do not help tl.erf (62-65%, session 22)."""
     full = next_power_of_2(max(n_cols, 1))
     if block_cols is not None:
         if not isinstance(block_cols, int) or block_cols < 1 or block_cols & (block_cols - 1):
@@ -95,6 +125,14 @@ def _tile(n_cols: int, block_cols: int | None, approximate: str = "none"):
     block_m = max(1, min(64, tile // block_n))
     num_warps = 4 if block_m * block_n <= 4096 else 8
     return block_m, block_n, num_warps
+
+
+def _act(approximate: str, dtype) -> str:
+    """The kernel's ACT: the tanh form, the exact form for fp32 results (tl.erf), or the exact
+    form for 16-bit results (_gelu_for_16bit)."""
+    if approximate == "tanh":
+        return "gelu_tanh"
+    return "gelu" if dtype == torch.float32 else "gelu_16bit"
 
 
 def _backward_tile(n_cols: int, block_cols: int | None):
@@ -140,8 +178,8 @@ def bias_gelu(y: torch.Tensor, bias: torch.Tensor | None = None, approximate: st
     _bias_gelu_kernel[grid](
         y, bias if bias is not None else y, out, n_rows, N, n1, n2, ys0, ys1, ys2, y.stride(-1),
         bias.stride(0) if bias is not None else 0,
-        HAS_BIAS=bias is not None, ACT="gelu_tanh" if approximate == "tanh" else "gelu",
-        CONTIGUOUS=contiguous, EVEN=n_rows % block_m == 0 and N % block_n == 0,
+        HAS_BIAS=bias is not None, ACT=_act(approximate, y.dtype), CONTIGUOUS=contiguous,
+        EVEN=n_rows % block_m == 0 and N % block_n == 0,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return out
 
