@@ -3,7 +3,7 @@
 bench_gated_delta's shapes (16 K / 32 V heads x 128, L2 norm, final state out). Informs
 kernels/gated_delta.py's _block_v and _LAUNCH (bench/NOTES.md).
 
-    python bench/explore_gated_delta.py [--kernels state] [--rows 0,2] [--values "block_v=8,16;state_stages=2"]
+    python bench/explore_gated_delta.py [--kernels state] [--rows 0,2] [--dtype float32] [--values "block_v=8,16;state_stages=2"]
 """
 import argparse
 import itertools
@@ -25,7 +25,7 @@ DEFAULTS = dict(gd._LAUNCH)
 SWEEPS = {
     "prepare": dict(prepare_bkc=(32, 64, 128), prepare_warps=(4, 8), inverse_precision=("ieee",)),
     "state": dict(block_v=(16, 32, 64), state_stages=(1, 2, 3)),
-    "output": dict(output_bv=(16, 32, 64), output_warps=(4, 8)),
+    "output": dict(output_bv=(16, 32, 64), output_warps=(4, 8), output_maxnreg=(0,)),
 }
 ROWS = ((1, 4096), (8, 4096), (1, 16384))
 
@@ -48,8 +48,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--kernels", default=",".join(SWEEPS), help="the sweeps to run (prepare, state, output)")
     parser.add_argument("--rows", default=",".join(str(i) for i in range(len(ROWS))), help="indices into ROWS")
+    parser.add_argument("--dtype", default="bfloat16", help="q, k and v's dtype (bfloat16, float16, float32)")
     parser.add_argument("--values", default="", help='override a sweep\'s values, as "block_v=8,16;state_stages=2"')
     args = parser.parse_args()
+    global DT
+    DT = getattr(torch, args.dtype)
     sweeps = {name: dict(SWEEPS[name]) for name in args.kernels.split(",")}
     for item in filter(None, args.values.split(";")):
         key, _, values = item.partition("=")

@@ -57,7 +57,7 @@ GPU_PRECISION = "tf32x3"
 # seconds and cut the prepare kernel 7-10 % against tf32x3 (H200, session 21: T 16384 1.925 ->
 # 1.788 ms; the state pass's 64 x 128 products spill 800 bytes as FMA loops: not there).
 _LAUNCH = dict(prepare_warps=None, prepare_bkc=64, state_warps=None, state_stages=2, output_warps=None, output_bv=None,
-               inverse_precision="ieee")
+               inverse_precision="ieee", output_maxnreg=None)
 
 
 @triton.jit
@@ -582,10 +582,22 @@ def _prepare_warps(bk, exact):
     3.6 also miscompiled the 8-warp kernel at 16 key columns with 16-bit inputs and 24 or 40 value
     columns: U came out off by a 16-bit rounding (H200; the GPU baseline gate caught the final
     state's error growing 23-822x). fp32 inputs: 8 warps from 64 key columns up (at 4 they spill
-    344-2192 bytes, offline sm_90; not timed), else 4."""
+    344-2192 bytes offline, and Dk 128 is 1-3 % slower: T 4096 0.769 against 0.747 ms), else 4."""
     if _LAUNCH["prepare_warps"]:
         return _LAUNCH["prepare_warps"]
     return 8 if bk >= 64 and not exact else 4
+
+
+def _output_registers(bk, exact):
+    """The output kernel's register cap: 128 for 16-bit inputs up to 128 key columns (160 -> 128
+    registers, 64 bytes spilled: 4 programs an SM instead of 3): the kernel 5-7 % faster (H200,
+    session 22: T 16384 0.880 -> 0.830 ms, B 8 1.717 -> 1.605; a cap of 96 spills 68 bytes a thread
+    and is 14-16 % slower). fp32 inputs (168 registers at Dk 128, 192 bytes spilled under the cap) and
+    256 key columns (356) keep the compiler's choice. _LAUNCH["output_maxnreg"] overrides (0: none)."""
+    cap = _LAUNCH["output_maxnreg"]
+    if cap is None:
+        cap = 128 if exact and bk <= 128 else 0
+    return {"maxnreg": cap} if cap else {}
 
 
 def _check_cu(cu, B, T, device):
@@ -705,7 +717,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             q, v, u, aqk, e_g, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
             *q.stride(), *v.stride(), *o.stride()[:3], int(varlen),
             BT=chunk_size, BK=bk, BV=bvo, EXACT=exact, PRECISION=precision,
-            num_warps=_LAUNCH["output_warps"] or 4)
+            num_warps=_LAUNCH["output_warps"] or 4, **_output_registers(bk, exact))
     return o, final
 
 
