@@ -32,7 +32,9 @@ Non-finite inputs: g = -inf is valid (clamped to -1e30, whose exp is 0 in fp32 a
 A NaN (or infinity) in k, v or beta, or a NaN in g, must reach only its own and later tokens,
 but inside a chunk's products a zero weight times NaN would reach the earlier ones too. Such
 tokens are computed as zeros and their column's outputs from that token on, and its state, set
-to NaN. q enters each output row alone: a NaN there reaches its own output only.
+to NaN. The prepare kernel records each chunk's first non-finite v per value column (v_bad), the
+state pass takes the first bad row of each column from it and the decays, and writes V' as NaN
+from there on: the output kernel's marks, so that neither later kernel reads v. q enters each output row alone: a NaN there reaches its own output only.
 """
 from __future__ import annotations
 
@@ -134,11 +136,10 @@ def _first_chunk(n, co_ptr, chunks, varlen):
 
 
 @triton.jit
-def _first_nonfinite(e_g, v, rows, BT: tl.constexpr):
-    """Each value column's first row (BT if none) whose token is bad (a NaN decay: its k, g or
-    beta was not finite) or whose v is not finite."""
-    bad = (e_g != e_g)[:, None] | ~(tl.abs(v.to(tl.float32)) < float("inf"))
-    return tl.min(tl.where(bad, rows, BT), axis=0)
+def _first_nan(x, rows, BT: tl.constexpr):
+    """Each column's first row of x (BT if none) that is NaN: the state pass marks V' from each
+    column's first bad token on."""
+    return tl.min(tl.where(x != x, rows, BT), axis=0)
 
 
 @triton.jit
@@ -202,8 +203,8 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PRECISION: t
 
 
 @triton.jit
-def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, kf_ptr,
-                        T, Hv, GROUP, Dk, Dv, su, scale,
+def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, co_ptr, w_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr,
+                        kf_ptr, vbad_ptr, T, Hv, GROUP, Dk, Dv, su, scale, chunks,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         sg_b, sg_t, sg_h, sb_b, sb_t, sb_h, varlen, l2norm,
                         BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr,
@@ -293,8 +294,12 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
             offs_v = v0 + tl.arange(0, BV)
             tv_mask = t_ok[:, None] & (offs_v < Dv)[None, :]
             v = _load_rows(v_ptr + b * sv_b + h * sv_h, pos, sv_t, sv_d, offs_v, t_ok, Dv)
-            v = tl.where(tl.abs(v.to(tl.float32)) < float("inf"), v, 0.0)    # the later kernels find them in v again
-            U = _dot(t_v, v, 2 if EXACT else 0, PRECISION)
+            v_bad = ~(tl.abs(v.to(tl.float32)) < float("inf"))
+            U = _dot(t_v, tl.where(v_bad, 0.0, v), 2 if EXACT else 0, PRECISION)
+            # Each column's first non-finite v in the chunk (BT if none), for the state pass, which
+            # then need not read v again.
+            tl.store(vbad_ptr + ((_first_chunk(n, co_ptr, chunks, varlen) + c) * Hv + h) * su + offs_v,
+                     tl.min(tl.where(v_bad, rows, BT), axis=0), mask=offs_v < Dv)
             tl.store(u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :], U, mask=tv_mask)
 
 
@@ -323,15 +328,14 @@ def _advance_rows(S, k_base, pos, sk_t, sk_d, k0, offs_kb, t_ok, Dk, e_chunk, vk
     """Rows k0 .. k0 + KB of the state past a chunk: exp(sum g) S + K^T diag(k_f) V' (vk), NaN
     in the columns that `poison` marks."""
     k = _load_rows(k_base, pos, sk_t, sk_d, k0 + offs_kb, t_ok, Dk)
-    k = tl.where(tl.abs(k.to(tl.float32)) < float("inf"), k, 0.0)
     S = S * e_chunk + _dot(tl.trans(k), vk, 1 if EXACT else 0, PRECISION)
     return tl.where(poison, float("nan"), S)
 
 
 @triton.jit
-def _gdn_state_kernel(k_ptr, v_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, h0_ptr, hc_ptr, ht_ptr, cu_ptr, co_ptr,
+def _gdn_state_kernel(k_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, vbad_ptr, h0_ptr, hc_ptr, ht_ptr, cu_ptr, co_ptr,
                       T, Hv, GROUP, Dk, Dv, su, chunks,
-                      sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                      sk_b, sk_t, sk_h, sk_d,
                       s0_n, s0_h, s0_k, s0_v, sf_n, sf_h, sf_k, varlen, has_h0, store_ht,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr,
                       PRECISION: tl.constexpr):
@@ -387,17 +391,21 @@ def _gdn_state_kernel(k_ptr, v_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, h0_ptr, hc_ptr
                         S2, acc=ws, input_precision=PRECISION)
             ws = tl.dot(tl.load(w_base + 3 * KB, mask=t_ok[:, None] & (3 * KB + offs_kb < Dk)[None, :], other=0.0),
                         S3, acc=ws, input_precision=PRECISION)
-        v = _load_rows(v_ptr + b * sv_b + h * sv_h, pos, sv_t, sv_d, offs_v, t_ok, Dv)
         u_ptrs = u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :]
+        u = tl.load(u_ptrs, mask=tv_mask, other=0.0)
         e_g = tl.load(eg_ptr + row * Hv + h, mask=t_ok, other=0.0)
         k_f = tl.load(kf_ptr + row * Hv + h, mask=t_ok, other=0.0)
-        first_bad = _first_nonfinite(e_g, v, rows, BT)
+        # Each column's first bad row: a bad token (NaN decay: its k, g or beta was not finite) or
+        # a non-finite v (found by the prepare kernel).
+        first_bad = tl.minimum(tl.load(vbad_ptr + ((c0 + t0 // BT) * Hv + h) * su + offs_v, mask=v_ok, other=BT),
+                               tl.min(tl.where(e_g != e_g, offs_t, BT), axis=0))
         poison = first_bad[None, :] < BT
         e_g = tl.where(e_g != e_g, 0.0, e_g)
         last = tl.minimum(seq_len - t0, BT) - 1
         e_chunk = tl.sum(tl.where(offs_t == last, e_g, 0.0), axis=0)       # exp(the chunk's summed g)
 
-        v_new = tl.load(u_ptrs, mask=tv_mask, other=0.0) - ws
+        # V' is NaN from each column's first bad row on: the output kernel's marks
+        v_new = tl.where(rows >= first_bad[None, :], float("nan"), u - ws)
         tl.store(u_ptrs, v_new, mask=tv_mask)
         vk = v_new * k_f[:, None]
         S0 = _advance_rows(S0, k_base, pos, sk_t, sk_d, 0, offs_kb, t_ok, Dk, e_chunk, vk, poison, EXACT, PRECISION)
@@ -421,9 +429,9 @@ def _gdn_state_kernel(k_ptr, v_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, h0_ptr, hc_ptr
 
 
 @triton.jit
-def _gdn_output_kernel(q_ptr, v_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, hc_ptr, o_ptr, cu_ptr, co_ptr,
+def _gdn_output_kernel(q_ptr, u_ptr, aqk_ptr, qf_ptr, hc_ptr, o_ptr, cu_ptr, co_ptr,
                        T, Hv, GROUP, Dk, Dv, su, chunks,
-                       sq_b, sq_t, sq_h, sq_d, sv_b, sv_t, sv_h, sv_d, so_b, so_t, so_h, varlen,
+                       sq_b, sq_t, sq_h, sq_d, so_b, so_t, so_h, varlen,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr,
                        PRECISION: tl.constexpr):
     """o of one chunk and block of BV value columns, every chunk in parallel:
@@ -451,12 +459,11 @@ def _gdn_output_kernel(q_ptr, v_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, hc_ptr, o_p
             q = _load_rows(q_base, pos, sq_t, sq_d, k0 + offs_kb, t_ok, Dk)
             qs += _dot(q, _load_state_rows(hc_base, su, 1, k0, offs_kb, offs_v, Dk, v_ok), 1 if EXACT else 0,
                        PRECISION)
-        v = _load_rows(v_ptr + b * sv_b + h * sv_h, pos, sv_t, sv_d, offs_v, t_ok, Dv)
         v_new = tl.load(u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :], mask=tv_mask, other=0.0)
         aqk = tl.load(aqk_ptr + (row * Hv + h)[:, None] * BT + offs_t[None, :], mask=t_ok[:, None], other=0.0)
-        e_g = tl.load(eg_ptr + row * Hv + h, mask=t_ok, other=0.0)
         q_f = tl.load(qf_ptr + row * Hv + h, mask=t_ok, other=0.0)
-        first_bad = _first_nonfinite(e_g, v, rows, BT)
+        first_bad = _first_nan(v_new, rows, BT)          # the state pass's marks
+        v_new = tl.where(v_new != v_new, 0.0, v_new)      # a masked product would carry them to earlier rows
         o = qs * q_f[:, None] + tl.dot(aqk, v_new, input_precision=PRECISION)
         o = tl.where(rows >= first_bad[None, :], float("nan"), o)
         tl.store(o_ptr + b * so_b + h * so_h + pos[:, None] * so_t + offs_v[None, :], o.to(o_ptr.dtype.element_ty),
@@ -469,10 +476,10 @@ _gdn_prepare_kernel = by_alignment(
 # The state pass leaves the batch strides out of its group on purpose: K's rows whose alignment is
 # known are copied into shared memory ahead by the pipeliner, which spilled 240-290 bytes and cost
 # the B 8 row 11 % (H200, session 21: 2.53 -> 2.81 ms; B 1 T 16384 1.87 -> 1.76 ms).
-_gdn_state_kernel = by_alignment(_gdn_state_kernel, kv="k_ptr v_ptr sk_t sk_h sk_d sv_t sv_h sv_d Dk Dv",
+_gdn_state_kernel = by_alignment(_gdn_state_kernel, kv="k_ptr sk_t sk_h sk_d Dk Dv",
                                  workspaces="su")
 _gdn_output_kernel = by_alignment(
-    _gdn_output_kernel, qvo="q_ptr v_ptr sq_b sq_t sq_h sq_d sv_b sv_t sv_h sv_d Dk Dv o_ptr so_b so_t so_h",
+    _gdn_output_kernel, qo="q_ptr sq_b sq_t sq_h sq_d Dk Dv o_ptr so_b so_t so_h",
     workspaces="su")
 
 
@@ -687,6 +694,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     else:
         n_chunks = N * chunks
     hc = allocate((n_chunks, Hv, bk, su), torch.float32, v.device, name="chunk_states")
+    v_bad = allocate((n_chunks, Hv, su), torch.int32, v.device, name="v_bad")      # each column's first bad v
     # Absent tensors are fp32 / int32 stand-ins with contiguous strides, never read or written (the
     # flags say so), so that calls with and without them share a compiled variant.
     cu = cu_seqlens.to(torch.int32) if varlen else e_g.view(torch.int32)
@@ -698,15 +706,15 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     sf = final.stride()[:3] if final is not None else contiguous_state[:3]
     if chunks:
         _gdn_prepare_kernel[(chunks, N * Hv)](
-            q, k, v, g, beta, cu, w, u, aqk, e_g, q_f, k_f, T, Hv, Hv // Hk, Dk, Dv, su, scale,
+            q, k, v, g, beta, cu, co, w, u, aqk, e_g, q_f, k_f, v_bad, T, Hv, Hv // Hk, Dk, Dv, su, scale, chunks,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), int(varlen), int(use_qk_l2norm),
             BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, _LAUNCH["prepare_bkc"]),
             BV=min(64, max(16, next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
             INV_PRECISION=_LAUNCH["inverse_precision"],
             num_warps=_prepare_warps(bk, exact))
     _gdn_state_kernel[(N * Hv, cdiv(Dv, bv))](
-        k, v, w, u, e_g, k_f, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
-        *k.stride(), *v.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
+        k, w, u, e_g, k_f, v_bad, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
+        *k.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
         BT=chunk_size, BK=bk, BV=bv, EXACT=exact, PRECISION=precision,
         num_warps=_state_warps(bk, bv), num_stages=_LAUNCH["state_stages"])
     if chunks:
@@ -714,8 +722,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         # 10 % and 16 (more reads of q) by more (H200, bench/explore_gated_delta.py --kernels output).
         bvo = min(_LAUNCH["output_bv"] or 32, max(16, next_power_of_2(Dv)))
         _gdn_output_kernel[(chunks, N * Hv, cdiv(Dv, bvo))](
-            q, v, u, aqk, e_g, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
-            *q.stride(), *v.stride(), *o.stride()[:3], int(varlen),
+            q, u, aqk, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
+            *q.stride(), *o.stride()[:3], int(varlen),
             BT=chunk_size, BK=bk, BV=bvo, EXACT=exact, PRECISION=precision,
             num_warps=_LAUNCH["output_warps"] or 4, **_output_registers(bk, exact))
     return o, final

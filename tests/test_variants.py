@@ -228,7 +228,7 @@ UNGROUPED_STRIDES = {
     "_attn_bwd_kv_kernel": ("sl_b sl_h sd_b sd_h", _SCALARS),
     "_attn_bwd_q_kernel": ("sl_b sl_h sd_b sd_h", _SCALARS),
     "_gdn_prepare_kernel": ("sg_b sg_t sg_h sb_b sb_t sb_h", _SCALARS),
-    "_gdn_state_kernel": ("sk_b sv_b s0_n s0_h s0_k s0_v sf_n sf_h sf_k",
+    "_gdn_state_kernel": ("sk_b s0_n s0_h s0_k s0_v sf_n sf_h sf_k",
                           "the batch strides: aligned K is pipelined into shared memory and spills, measured slower "
                           "(kernels/gated_delta.py); the states: read and written once a program"),
     "_qkv_rope_kernel": ("sk0 sk1 sk2 sv0 sv1 sv2 st_b st_p", "one token's cache rows a call, and its block table"),
