@@ -31,19 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
 from kernels._launch import leading_layout  # noqa: E402
 from kernels._variants import by_alignment  # noqa: E402
-
-
-@triton.jit
-def _form(z, FORM: tl.constexpr):
-    """explore_gelu_forms.py's FORM 0 (tl.erf, as kernels/_device.py's activate) and FORM 2."""
-    if FORM == 0:
-        r = 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
-    else:
-        t = tl.fdiv(1.0, 1.0 + 0.2316418882663604 * tl.abs(z), ieee_rounding=False)
-        poly = 0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145)))
-        e = t * poly * tl.exp2(-0.7213475204444817 * (z * z))
-        r = z * tl.where(z < 0.0, e, 1.0 - e)
-    return tl.where(z == -float("inf"), -0.0, r)
+from bench.explore_gelu_forms import _form  # noqa: E402  (FORM 0: tl.erf, 2: Hastings folded)
 
 
 @triton.jit
