@@ -3,7 +3,8 @@
 bench_gated_delta's shapes (16 K / 32 V heads x 128, L2 norm, final state out). Informs
 kernels/gated_delta.py's _block_v and _LAUNCH (bench/NOTES.md).
 
-    python bench/explore_gated_delta.py [--kernels state] [--rows 0,2] [--dtype float32] [--values "block_v=8,16;state_stages=2"]
+    python bench/explore_gated_delta.py [--kernels state] [--rows 0,2] [--dtype float32] \
+        [--values "block_v=8,16;state_stages=2"]
 """
 import argparse
 import itertools

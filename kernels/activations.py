@@ -46,8 +46,9 @@ def _gelu_for_16bit(z):
     """The exact GELU 0.5 z (1 + erf(z / sqrt 2)) of an fp32 tile whose result is rounded to fp16
     or bf16. erf is a library call of some 25 instructions (the bf16 kernel: 1258 SASS
     instructions with it, 924 with this form; 66 % against 82 % of copy on the H200, session 22);
-    a 16-bit result needs far less than its fp32 accuracy. Here erfc(a), a = |z| / sqrt 2, is Hastings' form (Abramowitz and Stegun
-    7.1.26): t (c1 + c2 t + ... + c5 t^4) exp(-a^2), t = 1 / (1 + p a), |erf error| <= 1.5e-7,
+    a 16-bit result needs far less than its fp32 accuracy. Here erfc(a), a = |z| / sqrt 2, is
+    Hastings' form (Abramowitz and Stegun 7.1.26): t (c1 + c2 t + ... + c5 t^4) exp(-a^2),
+    t = 1 / (1 + p a), |erf error| <= 1.5e-7,
     one fast reciprocal and one exp. 1 + erf is 2 - erfc(a) for z >= 0 and erfc(a) itself for
     z < 0: no cancellation. The form's own relative error in Phi(z) grows in the far negative
     tail (float64: 5e-5 at z = -3, 5e-4 at -4, 1e-2 at -8), where |gelu| falls below 1e-4 and

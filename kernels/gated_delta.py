@@ -34,7 +34,8 @@ but inside a chunk's products a zero weight times NaN would reach the earlier on
 tokens are computed as zeros and their column's outputs from that token on, and its state, set
 to NaN. The prepare kernel records each chunk's first non-finite v per value column (v_bad), the
 state pass takes the first bad row of each column from it and the decays, and writes V' as NaN
-from there on: the output kernel's marks, so that neither later kernel reads v. q enters each output row alone: a NaN there reaches its own output only.
+from there on: the output kernel's marks, so that neither later kernel reads v. q enters each
+output row alone: a NaN there reaches its own output only.
 """
 from __future__ import annotations
 
@@ -718,8 +719,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         BT=chunk_size, BK=bk, BV=bv, EXACT=exact, PRECISION=precision,
         num_warps=_state_warps(bk, bv), num_stages=_LAUNCH["state_stages"])
     if chunks:
-        # 32 value columns an output program (161 registers: 3 programs an SM) beat 64 (241: 2) by
-        # 10 % and 16 (more reads of q) by more (H200, bench/explore_gated_delta.py --kernels output).
+        # 32 value columns an output program (161 registers: 3 programs an SM; 4 under
+        # _output_registers' cap) beat 64 (241: 2) by 10 % and 16 (more reads of q) by more (H200,
+        # bench/explore_gated_delta.py --kernels output).
         bvo = min(_LAUNCH["output_bv"] or 32, max(16, next_power_of_2(Dv)))
         _gdn_output_kernel[(chunks, N * Hv, cdiv(Dv, bvo))](
             q, u, aqk, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
