@@ -39,7 +39,7 @@ def kernel_ms(fn, reps=10) -> dict:
         torch.cuda.synchronize()
     out = {}
     for e in prof.key_averages():
-        for name in ("prepare", "state", "output"):
+        for name in ("vbad", "prepare", "state", "output"):
             if f"_gdn_{name}_kernel" in e.key:
                 out[name] = out.get(name, 0.0) + e.device_time_total / reps / 1000
     return out

@@ -32,7 +32,7 @@ Non-finite inputs: g = -inf is valid (clamped to -1e30, whose exp is 0 in fp32 a
 A NaN (or infinity) in k, v or beta, or a NaN in g, must reach only its own and later tokens,
 but inside a chunk's products a zero weight times NaN would reach the earlier ones too. Such
 tokens are computed as zeros and their column's outputs from that token on, and its state, set
-to NaN. The prepare kernel records each chunk's first non-finite v per value column (v_bad), the
+to NaN. A small kernel records each chunk's first non-finite v per value column (v_bad), the
 state pass takes the first bad row of each column from it and the decays, and writes V' as NaN
 from there on: the output kernel's marks, so that neither later kernel reads v. q enters each
 output row alone: a NaN there reaches its own output only.
@@ -204,8 +204,8 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PRECISION: t
 
 
 @triton.jit
-def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, co_ptr, w_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr,
-                        kf_ptr, vbad_ptr, T, Hv, GROUP, Dk, Dv, su, scale, chunks,
+def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_ptr, aqk_ptr, eg_ptr, qf_ptr, kf_ptr,
+                        T, Hv, GROUP, Dk, Dv, su, scale,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         sg_b, sg_t, sg_h, sb_b, sb_t, sb_h, varlen, l2norm,
                         BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr,
@@ -295,13 +295,30 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, co_ptr, w_
             offs_v = v0 + tl.arange(0, BV)
             tv_mask = t_ok[:, None] & (offs_v < Dv)[None, :]
             v = _load_rows(v_ptr + b * sv_b + h * sv_h, pos, sv_t, sv_d, offs_v, t_ok, Dv)
-            v_bad = ~(tl.abs(v.to(tl.float32)) < float("inf"))
-            U = _dot(t_v, tl.where(v_bad, 0.0, v), 2 if EXACT else 0, PRECISION)
-            # Each column's first non-finite v in the chunk (BT if none), for the state pass, which
-            # then need not read v again.
-            tl.store(vbad_ptr + ((_first_chunk(n, co_ptr, chunks, varlen) + c) * Hv + h) * su + offs_v,
-                     tl.min(tl.where(v_bad, rows, BT), axis=0), mask=offs_v < Dv)
+            v = tl.where(tl.abs(v.to(tl.float32)) < float("inf"), v, 0.0)    # found by _gdn_vbad_kernel
+            U = _dot(t_v, v, 2 if EXACT else 0, PRECISION)
             tl.store(u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :], U, mask=tv_mask)
+
+
+@triton.jit
+def _gdn_vbad_kernel(v_ptr, cu_ptr, co_ptr, vbad_ptr, T, Hv, Dv, su, chunks, sv_b, sv_t, sv_h, sv_d, varlen,
+                     BT: tl.constexpr, BV: tl.constexpr):
+    """Each value column's first non-finite v in one chunk of one (sequence, V head) (BT if none),
+    for the state pass, which then reads no v. A kernel of its own: inside the prepare kernel the
+    same minimum and store cost that kernel a quarter of its time (H200, session 22)."""
+    c = tl.program_id(0)
+    n, h, _, b, bos, seq_len = _sequence_of(tl.program_id(1), Hv, 1, cu_ptr, T, varlen)
+    t0 = c * BT
+    if t0 < seq_len:
+        offs_t = tl.arange(0, BT)
+        pos = bos + t0 + offs_t
+        t_ok = t0 + offs_t < seq_len
+        base = vbad_ptr + ((_first_chunk(n, co_ptr, chunks, varlen) + c) * Hv + h) * su
+        for v0 in range(0, Dv, BV):
+            offs_v = v0 + tl.arange(0, BV)
+            v = _load_rows(v_ptr + b * sv_b + h * sv_h, pos, sv_t, sv_d, offs_v, t_ok, Dv).to(tl.float32)
+            tl.store(base + offs_v, tl.min(tl.where(tl.abs(v) < float("inf"), BT, offs_t[:, None]), axis=0),
+                     mask=offs_v < Dv)
 
 
 @triton.jit
@@ -397,7 +414,7 @@ def _gdn_state_kernel(k_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, vbad_ptr, h0_ptr, hc_
         e_g = tl.load(eg_ptr + row * Hv + h, mask=t_ok, other=0.0)
         k_f = tl.load(kf_ptr + row * Hv + h, mask=t_ok, other=0.0)
         # Each column's first bad row: a bad token (NaN decay: its k, g or beta was not finite) or
-        # a non-finite v (found by the prepare kernel).
+        # a non-finite v (found by _gdn_vbad_kernel).
         first_bad = tl.minimum(tl.load(vbad_ptr + ((c0 + t0 // BT) * Hv + h) * su + offs_v, mask=v_ok, other=BT),
                                tl.min(tl.where(e_g != e_g, offs_t, BT), axis=0))
         poison = first_bad[None, :] < BT
@@ -477,6 +494,7 @@ _gdn_prepare_kernel = by_alignment(
 # The state pass leaves the batch strides out of its group on purpose: K's rows whose alignment is
 # known are copied into shared memory ahead by the pipeliner, which spilled 240-290 bytes and cost
 # the B 8 row 11 % (H200, session 21: 2.53 -> 2.81 ms; B 1 T 16384 1.87 -> 1.76 ms).
+_gdn_vbad_kernel = by_alignment(_gdn_vbad_kernel, v="v_ptr sv_b sv_t sv_h sv_d Dv", workspaces="su")
 _gdn_state_kernel = by_alignment(_gdn_state_kernel, kv="k_ptr sk_t sk_h sk_d Dk Dv",
                                  workspaces="su")
 _gdn_output_kernel = by_alignment(
@@ -707,12 +725,14 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     sf = final.stride()[:3] if final is not None else contiguous_state[:3]
     if chunks:
         _gdn_prepare_kernel[(chunks, N * Hv)](
-            q, k, v, g, beta, cu, co, w, u, aqk, e_g, q_f, k_f, v_bad, T, Hv, Hv // Hk, Dk, Dv, su, scale, chunks,
+            q, k, v, g, beta, cu, w, u, aqk, e_g, q_f, k_f, T, Hv, Hv // Hk, Dk, Dv, su, scale,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), int(varlen), int(use_qk_l2norm),
             BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, _LAUNCH["prepare_bkc"]),
             BV=min(64, max(16, next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
             INV_PRECISION=_LAUNCH["inverse_precision"],
             num_warps=_prepare_warps(bk, exact))
+        _gdn_vbad_kernel[(chunks, N * Hv)](v, cu, co, v_bad, T, Hv, Dv, su, chunks, *v.stride(), int(varlen),
+                                          BT=chunk_size, BV=min(64, max(16, next_power_of_2(Dv))), num_warps=4)
     _gdn_state_kernel[(N * Hv, cdiv(Dv, bv))](
         k, w, u, e_g, k_f, v_bad, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
         *k.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
