@@ -32,8 +32,8 @@ Non-finite inputs: g = -inf is valid (clamped to -1e30, whose exp is 0 in fp32 a
 A NaN (or infinity) in k, v or beta, or a NaN in g, must reach only its own and later tokens,
 but inside a chunk's products a zero weight times NaN would reach the earlier ones too. Such
 tokens are computed as zeros and their column's outputs from that token on, and its state, set
-to NaN. A small kernel records each chunk's first non-finite v per value column (v_bad), the
-state pass takes the first bad row of each column from it and the decays, and writes V' as NaN
+to NaN. A small kernel records each chunk's first bad row per value column (v_bad: its first
+non-finite v or bad token), the state pass takes it from there, and writes V' as NaN
 from there on: the output kernel's marks, so that neither later kernel reads v. q enters each
 output row alone: a NaN there reaches its own output only.
 """
@@ -301,11 +301,14 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
 
 
 @triton.jit
-def _gdn_vbad_kernel(v_ptr, cu_ptr, co_ptr, vbad_ptr, T, Hv, Dv, su, chunks, sv_b, sv_t, sv_h, sv_d, varlen,
-                     BT: tl.constexpr, BV: tl.constexpr):
-    """Each value column's first non-finite v in one chunk of one (sequence, V head) (BT if none),
-    for the state pass, which then reads no v. A kernel of its own: inside the prepare kernel the
-    same minimum and store cost that kernel a quarter of its time (H200, session 22)."""
+def _gdn_vbad_kernel(v_ptr, eg_ptr, cu_ptr, co_ptr, vbad_ptr, echunk_ptr, T, Hv, Dv, su, chunks,
+                     sv_b, sv_t, sv_h, sv_d, varlen, BT: tl.constexpr, BV: tl.constexpr):
+    """The state pass's per-chunk inputs of one chunk of one (sequence, V head), so that it reads
+    no v and makes no reduction over the chunk's tokens: each value column's first bad row (BT if
+    none): its first non-finite v, or the chunk's first bad token (NaN decay: its k, g or beta was
+    not finite); and exp(the chunk's summed g) (0 if its last token is bad). A kernel of its own:
+    inside the prepare kernel the same minimum and store cost that kernel a quarter of its time
+    (H200, session 22)."""
     c = tl.program_id(0)
     n, h, _, b, bos, seq_len = _sequence_of(tl.program_id(1), Hv, 1, cu_ptr, T, varlen)
     t0 = c * BT
@@ -313,12 +316,17 @@ def _gdn_vbad_kernel(v_ptr, cu_ptr, co_ptr, vbad_ptr, T, Hv, Dv, su, chunks, sv_
         offs_t = tl.arange(0, BT)
         pos = bos + t0 + offs_t
         t_ok = t0 + offs_t < seq_len
-        base = vbad_ptr + ((_first_chunk(n, co_ptr, chunks, varlen) + c) * Hv + h) * su
+        chunk = _first_chunk(n, co_ptr, chunks, varlen) + c
+        e_g = tl.load(eg_ptr + (b * T + pos) * Hv + h, mask=t_ok, other=0.0)
+        bad_token = tl.min(tl.where(e_g != e_g, offs_t, BT), axis=0)
+        e_last = tl.sum(tl.where(offs_t == tl.minimum(seq_len - t0, BT) - 1, e_g, 0.0), axis=0)
+        tl.store(echunk_ptr + chunk * Hv + h, tl.where(e_last != e_last, 0.0, e_last))
+        base = vbad_ptr + (chunk * Hv + h) * su
         for v0 in range(0, Dv, BV):
             offs_v = v0 + tl.arange(0, BV)
             v = _load_rows(v_ptr + b * sv_b + h * sv_h, pos, sv_t, sv_d, offs_v, t_ok, Dv).to(tl.float32)
-            tl.store(base + offs_v, tl.min(tl.where(tl.abs(v) < float("inf"), BT, offs_t[:, None]), axis=0),
-                     mask=offs_v < Dv)
+            first = tl.min(tl.where(tl.abs(v) < float("inf"), BT, offs_t[:, None]), axis=0)
+            tl.store(base + offs_v, tl.minimum(first, bad_token), mask=offs_v < Dv)
 
 
 @triton.jit
@@ -351,7 +359,7 @@ def _advance_rows(S, k_base, pos, sk_t, sk_d, k0, offs_kb, t_ok, Dk, e_chunk, vk
 
 
 @triton.jit
-def _gdn_state_kernel(k_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, vbad_ptr, h0_ptr, hc_ptr, ht_ptr, cu_ptr, co_ptr,
+def _gdn_state_kernel(k_ptr, w_ptr, u_ptr, echunk_ptr, kf_ptr, vbad_ptr, h0_ptr, hc_ptr, ht_ptr, cu_ptr, co_ptr,
                       T, Hv, GROUP, Dk, Dv, su, chunks,
                       sk_b, sk_t, sk_h, sk_d,
                       s0_n, s0_h, s0_k, s0_v, sf_n, sf_h, sf_k, varlen, has_h0, store_ht,
@@ -411,16 +419,11 @@ def _gdn_state_kernel(k_ptr, w_ptr, u_ptr, eg_ptr, kf_ptr, vbad_ptr, h0_ptr, hc_
                         S3, acc=ws, input_precision=PRECISION)
         u_ptrs = u_ptr + (row * Hv + h)[:, None] * su + offs_v[None, :]
         u = tl.load(u_ptrs, mask=tv_mask, other=0.0)
-        e_g = tl.load(eg_ptr + row * Hv + h, mask=t_ok, other=0.0)
         k_f = tl.load(kf_ptr + row * Hv + h, mask=t_ok, other=0.0)
-        # Each column's first bad row: a bad token (NaN decay: its k, g or beta was not finite) or
-        # a non-finite v (found by _gdn_vbad_kernel).
-        first_bad = tl.minimum(tl.load(vbad_ptr + ((c0 + t0 // BT) * Hv + h) * su + offs_v, mask=v_ok, other=BT),
-                               tl.min(tl.where(e_g != e_g, offs_t, BT), axis=0))
+        # Each column's first bad row and exp(the chunk's summed g), from _gdn_vbad_kernel.
+        first_bad = tl.load(vbad_ptr + ((c0 + t0 // BT) * Hv + h) * su + offs_v, mask=v_ok, other=BT)
         poison = first_bad[None, :] < BT
-        e_g = tl.where(e_g != e_g, 0.0, e_g)
-        last = tl.minimum(seq_len - t0, BT) - 1
-        e_chunk = tl.sum(tl.where(offs_t == last, e_g, 0.0), axis=0)       # exp(the chunk's summed g)
+        e_chunk = tl.load(echunk_ptr + (c0 + t0 // BT) * Hv + h)
 
         # V' is NaN from each column's first bad row on: the output kernel's marks
         v_new = tl.where(rows >= first_bad[None, :], float("nan"), u - ws)
@@ -713,7 +716,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     else:
         n_chunks = N * chunks
     hc = allocate((n_chunks, Hv, bk, su), torch.float32, v.device, name="chunk_states")
-    v_bad = allocate((n_chunks, Hv, su), torch.int32, v.device, name="v_bad")      # each column's first bad v
+    v_bad = allocate((n_chunks, Hv, su), torch.int32, v.device, name="v_bad")      # each column's first bad row
+    e_chunk = allocate((n_chunks, Hv), torch.float32, v.device, name="e_chunk")
     # Absent tensors are fp32 / int32 stand-ins with contiguous strides, never read or written (the
     # flags say so), so that calls with and without them share a compiled variant.
     cu = cu_seqlens.to(torch.int32) if varlen else e_g.view(torch.int32)
@@ -731,10 +735,11 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             BV=min(64, max(16, next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
             INV_PRECISION=_LAUNCH["inverse_precision"],
             num_warps=_prepare_warps(bk, exact))
-        _gdn_vbad_kernel[(chunks, N * Hv)](v, cu, co, v_bad, T, Hv, Dv, su, chunks, *v.stride(), int(varlen),
-                                          BT=chunk_size, BV=min(64, max(16, next_power_of_2(Dv))), num_warps=4)
+        _gdn_vbad_kernel[(chunks, N * Hv)](v, e_g, cu, co, v_bad, e_chunk, T, Hv, Dv, su, chunks, *v.stride(),
+                                          int(varlen), BT=chunk_size, BV=min(64, max(16, next_power_of_2(Dv))),
+                                          num_warps=4)
     _gdn_state_kernel[(N * Hv, cdiv(Dv, bv))](
-        k, w, u, e_g, k_f, v_bad, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
+        k, w, u, e_chunk, k_f, v_bad, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
         *k.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
         BT=chunk_size, BK=bk, BV=bv, EXACT=exact, PRECISION=precision,
         num_warps=_state_warps(bk, bv), num_stages=_LAUNCH["state_stages"])
