@@ -60,7 +60,7 @@ GPU_PRECISION = "tf32x3"
 # seconds and cut the prepare kernel 7-10 % against tf32x3 (H200, session 21: T 16384 1.925 ->
 # 1.788 ms; the state pass's 64 x 128 products spill 800 bytes as FMA loops: not there).
 _LAUNCH = dict(prepare_warps=None, prepare_bkc=64, state_warps=None, state_stages=2, output_warps=None, output_bv=None,
-               inverse_precision="ieee", output_maxnreg=None)
+               inverse_precision="ieee", output_maxnreg=None, heads_first=True)
 
 
 @triton.jit
@@ -123,6 +123,18 @@ def _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen):
         seq_len = T
         b = n
     return n, h, h // GROUP, b, bos, seq_len
+
+
+@triton.jit
+def _chunk_program(HEADS_FIRST: tl.constexpr):
+    """(chunk within its sequence, sequence x V head program) of a chunk-parallel kernel, whose
+    grid is (chunks, N Hv, ...) or, HEADS_FIRST, (N Hv, chunks, ...): programs that run side by
+    side then take neighbouring heads of one chunk, whose workspace rows are adjacent in memory,
+    rather than one head's chunks, 64 rows x Hv apart."""
+    if HEADS_FIRST:
+        return tl.program_id(1), tl.program_id(0)
+    else:
+        return tl.program_id(0), tl.program_id(1)
 
 
 @triton.jit
@@ -209,14 +221,14 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         sg_b, sg_t, sg_h, sb_b, sb_t, sb_h, varlen, l2norm,
                         BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr,
-                        BV: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr):
+                        BV: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr,
+                        HEADS_FIRST: tl.constexpr):
     """One chunk of one (sequence, V head), independent of the state: W, U, Aqk, the decays and
     the row factors of q and k (the module docstring), into fp32 workspaces indexed by token
     (row = b T + position; W's rows BK wide, U's su). Dk is taken in blocks of BKC columns (a
     [BT, 256] fp32 tile split for tf32x3 would not fit shared memory). EXACT: q, k and v are
     16-bit (_dot); the L2 norms stay row factors, so the products read the inputs as they are."""
-    c = tl.program_id(0)                  # chunk within the sequence
-    pid = tl.program_id(1)
+    c, pid = _chunk_program(HEADS_FIRST)
     n, h, hk, b, bos, seq_len = _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen)
     t0 = c * BT
     if t0 < seq_len:
@@ -302,15 +314,15 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
 
 @triton.jit
 def _gdn_vbad_kernel(v_ptr, eg_ptr, cu_ptr, co_ptr, vbad_ptr, echunk_ptr, T, Hv, Dv, su, chunks,
-                     sv_b, sv_t, sv_h, sv_d, varlen, BT: tl.constexpr, BV: tl.constexpr):
+                     sv_b, sv_t, sv_h, sv_d, varlen, BT: tl.constexpr, BV: tl.constexpr, HEADS_FIRST: tl.constexpr):
     """The state pass's per-chunk inputs of one chunk of one (sequence, V head), so that it reads
     no v and makes no reduction over the chunk's tokens: each value column's first bad row (BT if
     none): its first non-finite v, or the chunk's first bad token (NaN decay: its k, g or beta was
     not finite); and exp(the chunk's summed g) (0 if its last token is bad). A kernel of its own:
     inside the prepare kernel the same minimum and store cost that kernel a quarter of its time
     (H200, session 22)."""
-    c = tl.program_id(0)
-    n, h, _, b, bos, seq_len = _sequence_of(tl.program_id(1), Hv, 1, cu_ptr, T, varlen)
+    c, pid = _chunk_program(HEADS_FIRST)
+    n, h, _, b, bos, seq_len = _sequence_of(pid, Hv, 1, cu_ptr, T, varlen)
     t0 = c * BT
     if t0 < seq_len:
         offs_t = tl.arange(0, BT)
@@ -454,13 +466,12 @@ def _gdn_output_kernel(q_ptr, u_ptr, aqk_ptr, qf_ptr, hc_ptr, o_ptr, cu_ptr, co_
                        T, Hv, GROUP, Dk, Dv, su, chunks,
                        sq_b, sq_t, sq_h, sq_d, so_b, so_t, so_h, varlen,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr):
     """o of one chunk and block of BV value columns, every chunk in parallel:
     O = diag(scale exp(G) / |q|) Q S0 + Aqk V', from the chunk's first state S0 (hc) and V'.
     Q S0 goes by blocks of 64 state rows, as in the state kernel."""
     KB: tl.constexpr = BK if BK < 64 else 64
-    c = tl.program_id(0)
-    pid = tl.program_id(1)
+    c, pid = _chunk_program(HEADS_FIRST)
     n, h, hk, b, bos, seq_len = _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen)
     t0 = c * BT
     if t0 < seq_len:
@@ -722,22 +733,26 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     # flags say so), so that calls with and without them share a compiled variant.
     cu = cu_seqlens.to(torch.int32) if varlen else e_g.view(torch.int32)
     co = co if varlen else cu
+    # Heads first in the chunk kernels' grids (_chunk_program; H200, T 16384: prepare 1.29 -> 1.12 ms),
+    # unless the chunks would not fit a grid's second size (65535: sequences past 4M tokens).
+    heads_first = bool(_LAUNCH["heads_first"]) and chunks <= 65535
     contiguous_state = (Hv * Dk * Dv, Dk * Dv, Dv, 1)
     h0 = initial_state if initial_state is not None else e_g
     s0 = initial_state.stride() if initial_state is not None else contiguous_state
     ht = final if final is not None else e_g
     sf = final.stride()[:3] if final is not None else contiguous_state[:3]
     if chunks:
-        _gdn_prepare_kernel[(chunks, N * Hv)](
+        grid = (N * Hv, chunks) if heads_first else (chunks, N * Hv)
+        _gdn_prepare_kernel[grid](
             q, k, v, g, beta, cu, w, u, aqk, e_g, q_f, k_f, T, Hv, Hv // Hk, Dk, Dv, su, scale,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), int(varlen), int(use_qk_l2norm),
             BT=chunk_size, LOG2_BT=chunk_size.bit_length() - 1, BK=bk, BKC=min(bk, _LAUNCH["prepare_bkc"]),
             BV=min(64, max(16, next_power_of_2(Dv))), EXACT=exact, PRECISION=precision,
-            INV_PRECISION=_LAUNCH["inverse_precision"],
+            INV_PRECISION=_LAUNCH["inverse_precision"], HEADS_FIRST=heads_first,
             num_warps=_prepare_warps(bk, exact))
-        _gdn_vbad_kernel[(chunks, N * Hv)](v, e_g, cu, co, v_bad, e_chunk, T, Hv, Dv, su, chunks, *v.stride(),
-                                          int(varlen), BT=chunk_size, BV=min(64, max(16, next_power_of_2(Dv))),
-                                          num_warps=4)
+        _gdn_vbad_kernel[grid](v, e_g, cu, co, v_bad, e_chunk, T, Hv, Dv, su, chunks, *v.stride(), int(varlen),
+                               BT=chunk_size, BV=min(64, max(16, next_power_of_2(Dv))), HEADS_FIRST=heads_first,
+                               num_warps=4)
     _gdn_state_kernel[(N * Hv, cdiv(Dv, bv))](
         k, w, u, e_chunk, k_f, v_bad, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
         *k.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
@@ -748,10 +763,10 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         # _output_registers' cap) beat 64 (241: 2) by 10 % and 16 (more reads of q) by more (H200,
         # bench/explore_gated_delta.py --kernels output).
         bvo = min(_LAUNCH["output_bv"] or 32, max(16, next_power_of_2(Dv)))
-        _gdn_output_kernel[(chunks, N * Hv, cdiv(Dv, bvo))](
+        _gdn_output_kernel[(N * Hv, chunks, cdiv(Dv, bvo)) if heads_first else (chunks, N * Hv, cdiv(Dv, bvo))](
             q, u, aqk, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
             *q.stride(), *o.stride()[:3], int(varlen),
-            BT=chunk_size, BK=bk, BV=bvo, EXACT=exact, PRECISION=precision,
+            BT=chunk_size, BK=bk, BV=bvo, EXACT=exact, PRECISION=precision, HEADS_FIRST=heads_first,
             num_warps=_LAUNCH["output_warps"] or 4, **_output_registers(bk, exact))
     return o, final
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import kernels
+import kernels.gated_delta as gd
 import oracles
 from harness.cases import TORCH_DTYPES
 from harness.compare import Magnitudes, compare
@@ -178,6 +179,24 @@ def test_two_runs_give_the_same_bits(backend):
     runs = [kernels.gated_delta_rule(q, k, v, g, beta, initial_state=init, output_final_state=True, use_qk_l2norm=True)
             for _ in range(2)]
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_both_program_orders_give_the_same_bits(backend, monkeypatch):
+    """The chunk kernels' grids put heads first (kernels/gated_delta.py's _chunk_program) unless a
+    sequence has more chunks than a grid's second size allows: that fallback, chunks first, must
+    compute the same bits (a varlen batch with an empty sequence and a bad v: every path runs)."""
+    lens = [70, 0, 130]
+    q, k, v, g, beta, _ = _inputs(1, sum(lens), 2, 4, 16, 24, "float32", backend.device, seed=11)
+    v[0, 100, 1, 3] = float("nan")
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=backend.device)
+    runs = []
+    for heads_first in (True, False):
+        monkeypatch.setitem(gd._LAUNCH, "heads_first", heads_first)
+        runs.append(kernels.gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True,
+                                             use_qk_l2norm=True))
+    (o1, s1), (o2, s2) = runs
+    assert o1.isnan().any(), "the bad v must poison some outputs"
+    assert torch.equal(o1.nan_to_num(7.0), o2.nan_to_num(7.0)) and torch.equal(s1.nan_to_num(7.0), s2.nan_to_num(7.0))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
