@@ -376,7 +376,7 @@ def _gdn_state_kernel(k_ptr, w_ptr, u_ptr, echunk_ptr, kf_ptr, vbad_ptr, h0_ptr,
                       sk_b, sk_t, sk_h, sk_d,
                       s0_n, s0_h, s0_k, s0_v, sf_n, sf_h, sf_k, varlen, has_h0, store_ht,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr,
-                      PRECISION: tl.constexpr):
+                      PRECISION: tl.constexpr, SK_B_BY_16: tl.constexpr):
     """The chunks of one (sequence, V head, block of BV value columns) in order, the state
     [Dk, BV] in fp32 registers: per chunk, S is kept for the output kernel (hc), V' = U - W S
     replaces U, and S moves past the chunk. The only products left in this sequential chain are
@@ -393,7 +393,9 @@ def _gdn_state_kernel(k_ptr, w_ptr, u_ptr, echunk_ptr, kf_ptr, vbad_ptr, h0_ptr,
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
     v_ok = offs_v < Dv
     rows = offs_t[:, None]
-    k_base = k_ptr + b * sk_b + hk * sk_h
+    # SK_B_BY_16: sk_b comes in units of 16 elements, so that the compiler knows each batch row's
+    # alignment (K's loads vectorised; the launcher's _k_batch_stride says when)
+    k_base = k_ptr + b * (sk_b * 16 if SK_B_BY_16 else sk_b) + hk * sk_h
     h0_base = h0_ptr + n * s0_n + h * s0_h
 
     S0 = tl.zeros([KB, BV], dtype=tl.float32)
@@ -507,7 +509,8 @@ _gdn_prepare_kernel = by_alignment(
     workspaces="su")
 # The state pass leaves the batch strides out of its group on purpose: K's rows whose alignment is
 # known are copied into shared memory ahead by the pipeliner, which spilled 240-290 bytes and cost
-# the B 8 row 11 % (H200, session 21: 2.53 -> 2.81 ms; B 1 T 16384 1.87 -> 1.76 ms).
+# the B 8 row 11 % (H200, session 21: 2.53 -> 2.81 ms; B 1 T 16384 1.87 -> 1.76 ms). At 16 value
+# columns (small grids) it pays: _k_batch_stride.
 _gdn_vbad_kernel = by_alignment(_gdn_vbad_kernel, v="v_ptr sv_b sv_t sv_h sv_d Dv", workspaces="su")
 _gdn_state_kernel = by_alignment(_gdn_state_kernel, kv="k_ptr sk_t sk_h sk_d Dk Dv",
                                  workspaces="su")
@@ -604,6 +607,16 @@ def _block_v(n_programs, Dv, block_v, widest):
     while not interpreting() and bv > 16 and n_programs * cdiv(Dv, bv) < 2 * _SMS:
         bv //= 2
     return bv
+
+
+def _k_batch_stride(k, bv):
+    """(K's batch stride as the state pass takes it, SK_B_BY_16): in units of 16 elements at 16
+    value columns (B 1 rows: K's loads vectorised, H200 session 21: state -6 % at T 16384) when it
+    is a multiple of 16, else as it is (wider columns spilled with K's alignment known)."""
+    sk_b = k.stride(0)
+    if bv <= 16 and sk_b % 16 == 0:
+        return sk_b // 16, True
+    return sk_b, False
 
 
 def _state_warps(bk, bv):
@@ -753,10 +766,11 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         _gdn_vbad_kernel[grid](v, e_g, cu, co, v_bad, e_chunk, T, Hv, Dv, su, chunks, *v.stride(), int(varlen),
                                BT=chunk_size, BV=min(64, max(16, next_power_of_2(Dv))), HEADS_FIRST=heads_first,
                                num_warps=4)
+    sk_b, sk_b_by_16 = _k_batch_stride(k, bv)
     _gdn_state_kernel[(N * Hv, cdiv(Dv, bv))](
         k, w, u, e_chunk, k_f, v_bad, h0, hc, ht, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
-        *k.stride(), *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
-        BT=chunk_size, BK=bk, BV=bv, EXACT=exact, PRECISION=precision,
+        sk_b, *k.stride()[1:], *s0, *sf, int(varlen), int(initial_state is not None), int(final is not None),
+        BT=chunk_size, BK=bk, BV=bv, EXACT=exact, PRECISION=precision, SK_B_BY_16=sk_b_by_16,
         num_warps=_state_warps(bk, bv), num_stages=_LAUNCH["state_stages"])
     if chunks:
         # 32 value columns an output program (161 registers: 3 programs an SM; 4 under
