@@ -33,9 +33,13 @@ ROWS = ((1, 4096), (8, 4096), (1, 16384))
 
 
 def kernel_ms(fn, reps=10) -> dict:
-    """Mean device milliseconds of each chunk kernel over reps calls."""
+    """Mean device milliseconds of each chunk kernel over reps calls, L2 flushed before each call as
+    triton.testing.do_bench does (back to back, the unchanged prepare kernel measured 4-14 % slower
+    after other changes, perhaps from the previous call's lines in L2: session 23)."""
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
+            flush.zero_()
             fn()
         torch.cuda.synchronize()
     out = {}
@@ -48,7 +52,7 @@ def kernel_ms(fn, reps=10) -> dict:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--kernels", default=",".join(SWEEPS), help="the sweeps to run (prepare, state, output)")
+    parser.add_argument("--kernels", default=",".join(SWEEPS), help="the sweeps to run (prepare, state, output, order)")
     parser.add_argument("--rows", default=",".join(str(i) for i in range(len(ROWS))), help="indices into ROWS")
     parser.add_argument("--dtype", default="bfloat16", help="q, k and v's dtype (bfloat16, float16, float32)")
     parser.add_argument("--values", default="", help='override a sweep\'s values, as "block_v=8,16;state_stages=2"')
