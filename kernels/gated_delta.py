@@ -150,8 +150,8 @@ def _first_chunk(n, co_ptr, chunks, varlen):
 
 @triton.jit
 def _first_nan(x, rows, BT: tl.constexpr):
-    """Each column's first row of x (BT if none) that is NaN: the state pass marks V' from each
-    column's first bad token on."""
+    """Each column's first row of x (BT if none) that is NaN: the output kernel reads the state
+    pass's marks in V' with it, the v check kernel the chunk's first bad token in the decays."""
     return tl.min(tl.where(x != x, rows, BT), axis=0)
 
 
@@ -330,7 +330,7 @@ def _gdn_vbad_kernel(v_ptr, eg_ptr, cu_ptr, co_ptr, vbad_ptr, echunk_ptr, T, Hv,
         t_ok = t0 + offs_t < seq_len
         chunk = _first_chunk(n, co_ptr, chunks, varlen) + c
         e_g = tl.load(eg_ptr + (b * T + pos) * Hv + h, mask=t_ok, other=0.0)
-        bad_token = tl.min(tl.where(e_g != e_g, offs_t, BT), axis=0)
+        bad_token = _first_nan(e_g, offs_t, BT)       # the chunk's first bad token (NaN decay)
         e_last = tl.sum(tl.where(offs_t == tl.minimum(seq_len - t0, BT) - 1, e_g, 0.0), axis=0)
         tl.store(echunk_ptr + chunk * Hv + h, tl.where(e_last != e_last, 0.0, e_last))
         base = vbad_ptr + (chunk * Hv + h) * su

@@ -230,7 +230,8 @@ UNGROUPED_STRIDES = {
     "_gdn_prepare_kernel": ("sg_b sg_t sg_h sb_b sb_t sb_h", _SCALARS),
     "_gdn_state_kernel": ("sk_b s0_n s0_h s0_k s0_v sf_n sf_h sf_k",
                           "the batch strides: aligned K is pipelined into shared memory and spills, measured slower "
-                          "(kernels/gated_delta.py); the states: read and written once a program"),
+                          "at 32 value columns (K's is passed in units of 16 at 16 columns instead: "
+                          "kernels/gated_delta.py _k_batch_stride); the states: read and written once a program"),
     "_qkv_rope_kernel": ("sk0 sk1 sk2 sv0 sv1 sv2 st_b st_p", "one token's cache rows a call, and its block table"),
     "_mla_decode_kernel": ("st_b ss_p ss_b ss_r", _SCALARS),
     "_mla_combine_kernel": ("ss_p ss_b ss_r sl_b", _SCALARS),
