@@ -11,7 +11,6 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 
 def _default_scale(q, scale):
@@ -32,6 +31,9 @@ def _sdpa(q, k, v, scale, causal=False):
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
         # Tq > Tk: torch warns that rows that see nothing come out NaN; the caller zeroes them.
         warnings.simplefilter("ignore", UserWarning)
+        # imported here: torch.nn.attention.bias imports torch._dynamo (1.2 s), which every
+        # pytest process would otherwise pay at collection, whatever it runs
+        from torch.nn.attention.bias import causal_lower_right
         mask = causal_lower_right(q.shape[-2], k.shape[-2]) if causal else None
         if q.dtype == torch.float32:
             stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
