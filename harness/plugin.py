@@ -167,6 +167,10 @@ def pytest_addoption(parser):
     group.addoption("--update-baseline", action="store_true",
                     help="rewrite --baseline PATH from this run (only if it passes; a filtered run replaces "
                          "only the groups it selected)")
+    group.addoption("--min-usage", type=float, default=None, metavar="U",
+                    help="with --baseline: run only the op checks whose case group came within 1/U of its budget "
+                         "there (worst error/allowed >= U; groups the baseline lacks always run): the close calls, "
+                         "to re-check quickly under another CPU's arithmetic (tests/test_cpu_independence.py)")
     group.addoption("--gpus", default=None, metavar="I[,I]",
                     help="the GPUs xdist workers are spread over, by index among those CUDA_VISIBLE_DEVICES "
                          "leaves visible (default: all of them; without -n the run uses the first)")
@@ -195,6 +199,7 @@ def selection_filters(config) -> list:
     selection is not reported as vanished."""
     opt = config.getoption
     found = [name for name, dest in (("--op", "op"), ("--dtype", "dtype"), ("--impl", "impl")) if _split(opt(dest) or [])]
+    found += ["--min-usage"] if opt("min_usage", None) is not None else []
     found += [name for name, dest in (("-k", "keyword"), ("-m", "markexpr"), ("--deselect", "deselect"),
                                       ("--ignore", "ignore"), ("--ignore-glob", "ignore_glob"), ("--lf", "lf"),
                                       ("--sw", "stepwise"), ("--collect-only", "collectonly"))
@@ -344,6 +349,7 @@ def pytest_configure(config):
     except implementations.ImplError as e:
         raise pytest.UsageError(str(e)) from None
     st.impl_not_run = _impl_not_run(st.impls, RANDOM_PARTS.get(profile, 1))
+    _usage_by_group(config)          # --min-usage's arguments, checked before collection
     if not worker:
         st.baseline = _load_baseline(config, st)
         if chosen.name == "gpu":
@@ -477,15 +483,41 @@ def _impl_not_run(impls: dict, parts: int) -> Counter:
     return out
 
 
+def _usage_by_group(config) -> dict | None:
+    """--min-usage: the baseline's worst usage per (test, op, dtype, config, values), and per
+    (test, op, dtype, config, None) over every values regime (what a random test may draw)."""
+    min_usage, path = config.getoption("min_usage"), config.getoption("baseline")
+    if min_usage is None:
+        return None
+    if not path or not 0 < min_usage <= 1:
+        raise pytest.UsageError(f"--min-usage {min_usage}: needs --baseline PATH and a value in (0, 1]")
+    try:
+        rows = baselines.load(path).rows
+    except (OSError, baselines.BaselineError) as e:
+        raise pytest.UsageError(f"--min-usage: cannot read the baseline {path}: {e}") from None
+    usage: dict = {}
+    for (op, dtype, test, kconfig, values, _output), row in rows.items():
+        for key in ((test, op, dtype, kconfig, values), (test, op, dtype, kconfig, None)):
+            usage[key] = max(usage.get(key, 0.0), audit.num(row["usage"]))
+    return usage
+
+
 def pytest_collection_modifyitems(config, items):
     s = state(config)
     want_ops, want_dtypes = set(_split(config.getoption("op"))), set(_split(config.getoption("dtype")))
+    usage, min_usage = _usage_by_group(config), config.getoption("min_usage")
     keep, drop = [], []
     for item in items:
         op, dtype, kconfig, values, case_params = item_meta(item)
         if (want_ops and op not in want_ops) or (want_dtypes and dtype not in want_dtypes):
             drop.append(item)
             continue
+        if usage is not None and op is not None and getattr(item, "originalname", None) in IMPL_TESTS:
+            # a group far inside its budget in the baseline (never NaN there: a NaN usage is a failure)
+            worst = usage.get((baselines.test_function(item.nodeid), op, dtype, kconfig, values))
+            if worst is not None and worst < min_usage:
+                drop.append(item)
+                continue
         if s.impls:
             # --impl: the op checks of its ops alone (random and pinned cases); what it does not
             # support is left out and counted, per reason, in the summary and the audit.

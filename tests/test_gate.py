@@ -217,6 +217,7 @@ def test_what_counts_as_a_filtered_run():
     assert selection_filters(_config(["tests/test_ops.py"], A.ARGS)) == ["test paths"]
     assert selection_filters(_config(["tests"], A.TESTPATHS, op=["rmsnorm"], keyword="pinned")) == ["--op", "-k"]
     assert selection_filters(_config(["tests"], A.TESTPATHS, markexpr="x", deselect=["a"])) == ["-m", "--deselect"]
+    assert selection_filters(_config(["tests"], A.TESTPATHS, min_usage=0.1)) == ["--min-usage"]
 
 
 def test_gate_settings_in_tolerances(tmp_path):
@@ -275,6 +276,14 @@ def test_update_then_gate_a_planted_regression_then_refuse_another_backend(tmp_p
     assert (tmp_path / "from_audit.json").read_text() == written
     usage = {row["values"]: row["usage"] for row in json.loads(written)["groups"]}
     assert usage["outlier"] * 3 < 1 and usage["constant"] * 100 < 0.02     # the plants stay inside the budget
+
+    # --min-usage U keeps the cases of the groups within 1/U of their budget, as the baseline says
+    cut = sorted(usage.values())[len(usage) // 2]
+    rc, out = _pytest(*SELECTION, f"--baseline={path}", f"--min-usage={cut}", "--collect-only", "-q")
+    collected = {v for v in usage if f"-{v}-s7]" in out}
+    assert rc == 0 and collected == {v for v, u in usage.items() if u >= cut} and 0 < len(collected) < len(usage), out
+    rc, out = _pytest(*SELECTION, "--min-usage=0.5", "--collect-only")
+    assert rc == 4 and "--min-usage 0.5: needs --baseline PATH" in out, out
 
     # Plant: outlier x3 (fails), large x1.9 (within 2x), constant x100 (stays under the floor). The
     # baseline also has a float16 group this run does not select (not compared) and an output 'u'
