@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import tempfile
@@ -497,8 +498,10 @@ def _usage_by_group(config) -> dict | None:
         raise pytest.UsageError(f"--min-usage: cannot read the baseline {path}: {e}") from None
     usage: dict = {}
     for (op, dtype, test, kconfig, values, _output), row in rows.items():
+        u = audit.num(row["usage"])
+        u = u if math.isfinite(u) else math.inf          # a non-finite usage is a close call
         for key in ((test, op, dtype, kconfig, values), (test, op, dtype, kconfig, None)):
-            usage[key] = max(usage.get(key, 0.0), audit.num(row["usage"]))
+            usage[key] = max(usage.get(key, 0.0), u)
     return usage
 
 
@@ -513,7 +516,7 @@ def pytest_collection_modifyitems(config, items):
             drop.append(item)
             continue
         if usage is not None and op is not None and getattr(item, "originalname", None) in IMPL_TESTS:
-            # a group far inside its budget in the baseline (never NaN there: a NaN usage is a failure)
+            # every group of the case's (config, values) far inside its budget in the baseline
             worst = usage.get((baselines.test_function(item.nodeid), op, dtype, kconfig, values))
             if worst is not None and worst < min_usage:
                 drop.append(item)
