@@ -923,7 +923,8 @@ def test_fused_linear_cross_entropy_bad_label_is_refused_before_the_gemms(dev):
     labels = torch.full((_LABEL_BLOCK + 1,), -100, device=dev)
     labels[-1] = 6
     with pytest.raises(ValueError, match=r"got 1 outside \(min 6, max 6\)$"):
-        kernels.fused_linear_cross_entropy(torch.randn(len(labels), 8, device=dev), torch.randn(6, 8, device=dev), labels)
+        kernels.fused_linear_cross_entropy(torch.randn(len(labels), 8, device=dev), torch.randn(6, 8, device=dev),
+                                           labels)
     (loss, dh, dw), _ = _flce_bad(dev, True, labels=(0, 5, -100, 3, 0))
     assert bool(loss.isfinite()) and bool(dh.isfinite().all()) and bool(dw.isfinite().all())
     h, W = torch.randn(3, 8, device=dev), torch.randn(6, 8, device=dev)
