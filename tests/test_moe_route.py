@@ -41,10 +41,11 @@ def test_permute_over_many_chunks_and_scan_tiles(T, k, E, block, scan_tile, back
 
 
 @pytest.mark.parametrize("T, k, E, block", [(1, 2, 8, 16), (5, 8, 128, 16), (7, 3, 5, 4), (0, 2, 4, 16),
-                                         (16, 8, 64, 64)])
+                                         (16, 8, 64, 64), (905, 1, 8, 16)])
 def test_one_chunk_permutation_matches_the_four_kernels(T, k, E, block, backend, monkeypatch):
     """Entries that fit one chunk take the one-launch kernel; forced onto the four kernels, the
-    same ids give the same bits (bad ids included), and both match the oracle."""
+    same ids give the same bits (bad ids included), and both match the oracle. 905 entries on 8
+    experts make a capacity of 1025: the sentinel fill's last block of 1024 slots holds one slot."""
     gen = torch.Generator().manual_seed(T * 131 + E)
     ids = torch.randint(-1, E + 1, (T, k), generator=gen, dtype=torch.int32).to(backend.device)
     one = kernels.moe_permute(ids, E, block)
