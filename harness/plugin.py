@@ -123,6 +123,7 @@ class State:
     gap_draws: Counter = field(default_factory=Counter)  # (op, gap id) -> random draws a case-level gap hit
     gpu_sharers: int = 0        # GPU run: how many processes share this one's GPU (0: not a GPU run)
     cache_limit: int = 0        # ... and the bytes of cached memory it keeps between tests (gpus.cache_limit)
+    usage: dict | None = None   # --min-usage: _usage_by_group's table, read once at configure time
     memory_turns: object = None # gpus.MemoryTurns of this worker's GPU (shared GPU runs only)
 
     def impl_names(self) -> dict:
@@ -350,7 +351,7 @@ def pytest_configure(config):
     except implementations.ImplError as e:
         raise pytest.UsageError(str(e)) from None
     st.impl_not_run = _impl_not_run(st.impls, RANDOM_PARTS.get(profile, 1))
-    _usage_by_group(config)          # --min-usage's arguments, checked before collection
+    st.usage = _usage_by_group(config)      # --min-usage's table; its arguments checked before collection
     if not worker:
         st.baseline = _load_baseline(config, st)
         if chosen.name == "gpu":
@@ -508,7 +509,7 @@ def _usage_by_group(config) -> dict | None:
 def pytest_collection_modifyitems(config, items):
     s = state(config)
     want_ops, want_dtypes = set(_split(config.getoption("op"))), set(_split(config.getoption("dtype")))
-    usage, min_usage = _usage_by_group(config), config.getoption("min_usage")
+    usage, min_usage = s.usage, config.getoption("min_usage")
     keep, drop = [], []
     for item in items:
         op, dtype, kconfig, values, case_params = item_meta(item)
