@@ -125,17 +125,6 @@ GAPS = (
         reason="a kernel over a tensor of more than 2^31 elements (rows, rope, GEMM) runs 2^14 programs or "
                "more: hours in the interpreter; the GPU checks the int64 offsets",
         link="tests/test_large_offsets.py", configs=("huge",)),
-    Gap(id="interp-runtime-loop-numpy25", backend="interpreter",
-        reason="Triton 3.6's interpreter fails on loops with a runtime bound under NumPy >= 2.5",
-        link="FIELD-NOTES.md, Triton's interpreter",
-        configs=("chunked", "chunked_long"), min_versions=(("numpy", "2.5"),), max_versions=(("triton", "3.7"),)),
-    Gap(id="interp-runtime-loop-numpy25-grads", backend="interpreter",
-        reason="Triton 3.6's interpreter fails on loops with a runtime bound under NumPy >= 2.5, and every "
-               "configuration of the norms' backward kernels loops over its program's row tiles (the gap of "
-               "interp-runtime-loop-numpy25, not seen here: Triton 3.9 runs them)",
-        link="kernels/norms.py (the row-tile loops); as interp-runtime-loop-numpy25",
-        ops=("rmsnorm_backward", "layernorm_backward", "add_rmsnorm_backward"),
-        min_versions=(("numpy", "2.5"),), max_versions=(("triton", "3.7"),)),
     Gap(id="interp-bf16-subnormal-load", backend="interpreter",
         reason="the interpreter's bf16 -> fp32 conversion renormalises bf16 subnormals with fp16-style "
                "exponent arithmetic and returns wrong values (1.0e-39 reads as 4.4e-39); exact on the GPU",

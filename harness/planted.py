@@ -296,8 +296,9 @@ def main(argv=None) -> int:
 
     chosen = backends.select("auto")
     if chosen.name == "interpreter":
-        from harness import interp_speed, oob_guard
+        from harness import interp_compat, interp_speed, oob_guard
         oob_guard.install()
+        interp_compat.install()
         interp_speed.install()
     from harness.run import DEFAULT_TOLERANCES, run_case
 

@@ -311,8 +311,9 @@ def pytest_configure(config):
                                     f"CUDA sees {torch.cuda.device_count()} devices: CUDA was initialised before the "
                                     "kernelcheck plugin's pytest_configure set CUDA_VISIBLE_DEVICES")
     if chosen.name == "interpreter":
-        from harness import interp_speed, oob_guard
+        from harness import interp_compat, interp_speed, oob_guard
         oob_guard.install()
+        interp_compat.install()
         interp_speed.install()
     phases.install_compile_timer()        # before any kernel runs (the interpreter compiles nothing)
     try:

@@ -3,6 +3,8 @@ launch, not once a call, its type objects are shared, and nothing else changes: 
 of a kernel that calls helpers in its loops, the language restored after every launch."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from harness import interp_speed
 
@@ -145,3 +147,27 @@ def test_the_builtin_scan_memo_patches_what_the_scan_would(backend):
             scope.restore()
             assert again == [[], []], f"{pkg}: a patched package patched again"
         assert changed[0] and changed[0] == changed[1] == changed[2], pkg
+
+
+@triton.jit
+def _loop_to_computed_bound(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """A loop whose bound the kernel computes (a one-element array in the interpreter), as
+    attention's key blocks and the GEMMs' K loop have."""
+    total = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, tl.minimum(n, 4 * BLOCK), BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        total += tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + tl.arange(0, BLOCK), total)
+
+
+def test_a_loop_to_a_computed_bound_runs(backend):
+    """harness/interp_compat.py: Triton 3.6's interpreter turned such a bound into an int with
+    int(array), which NumPy 2.4 refuses (TypeError): without the patch this fails there."""
+    from harness import interp_compat
+    if backend.name == "interpreter":
+        assert interp_compat.install(), "this Triton's interpreter has no _patch_lang_tensor to patch"
+    x = torch.arange(40, dtype=torch.float32, device=backend.device)
+    out = torch.empty(16, dtype=torch.float32, device=backend.device)
+    _loop_to_computed_bound[(1,)](x, out, 40, BLOCK=16)
+    want = x[:32].view(2, 16).sum(0) + torch.nn.functional.pad(x[32:], (0, 8))
+    assert torch.equal(out, want)
