@@ -42,7 +42,7 @@ from kernels._device import gemm_tile, kahan_add, rounded_for
 from kernels._launch import (allocate, cdiv, check_finite, check_out, check_same_device, check_same_dtype,
                              check_tensor, check_validate, error_word, interpreting, new_out, next_power_of_2,
                              report_errors, sm_count)
-from kernels.gemm import _config as gemm_tiles, _precision
+from kernels.gemm import _config as gemm_tiles, _fit_strides, _precision
 from kernels._variants import by_alignment
 
 LABEL_DTYPES = (torch.int32, torch.int64)
@@ -287,6 +287,9 @@ def _gemm(a, b, c, scale=None, acc=None, splits=1, block=None):
         return 1
     cfg = _tiles(M, N, K, a.element_size(), block)
     bk = cfg["BLOCK_K"]
+    # the kernel steps K by BLOCK_K * stride in int32: an operand whose K stride would wrap that
+    # (W's rows 2^24 elements apart or more, dh's K) is copied first
+    a, b = _fit_strides(a, bk), _fit_strides(b, bk)
     k_per_split = cdiv(cdiv(max(K, 1), splits), bk) * bk
     splits = cdiv(max(K, 1), k_per_split)
     if c.dim() == 3:

@@ -601,6 +601,58 @@ def test_gated_delta_decode_state_past_2_31_elements(layout, backend, budgets):
         torch.cuda.empty_cache()
 
 
+# gated_delta_rule (the chunked prefill): a sequence's initial state, and its tokens, past 2^31
+# elements. _sequence_of's sequence index n and varlen start bos are int64, so are the positions
+# bos + t made from them: an int32 n wraps n x the initial state's sequence stride (state_stride),
+# and in a fixed-length batch (bos = n x 0) the positions x the token stride (token_stride); an
+# int32 bos, the positions of a varlen batch (varlen_token_stride, sequence 1 from token 2); an
+# int32 V head h, h x the initial state's head stride (state_head_stride, head 2 of 3).
+# Mutants 56d86dd0e7 and fdb69648a8 (n, killed by state_stride and token_stride), 508dccd924 and
+# 154aeea3d4 (bos, by varlen_token_stride), b3cf8d5f62 and 867b118309 (h, by state_head_stride).
+# Tokens 2^30 + 64 elements apart: q, k and v of a token side by side in one fp16 storage of
+# 4.3 GB; the initial states' sequences or heads in one fp32 storage of 8.6 GB. A few programs:
+# the interpreter runs each in well under a second.
+GDN = "gated_delta_rule"
+
+
+@pytest.mark.op(GDN)
+@pytest.mark.parametrize("layout", ["state_stride", "state_head_stride", "token_stride", "varlen_token_stride"])
+def test_gated_delta_prefill_reads_past_2_31_elements(layout, backend, budgets):
+    dev, g = backend.device, torch.Generator().manual_seed(24)
+    apart, Hk, Dk, Dv = 2**30 + 64, 1, 32, 24
+    Hv = 3 if layout == "state_head_stride" else 2
+    B, T = {"state_stride": (3, 5), "state_head_stride": (1, 5)}.get(layout, (1, 3))
+    cu = torch.tensor([0, 2, 3], dtype=torch.int32, device=dev) if layout.startswith("varlen") else None
+    N = B if cu is None else cu.numel() - 1
+    q, k = (torch.randn(B, T, Hk, Dk, generator=g).half().to(dev) for _ in range(2))
+    v = torch.randn(B, T, Hv, Dv, generator=g).half().to(dev)
+    gate = (-0.05 * torch.rand(B, T, Hv, generator=g)).half().to(dev)
+    beta = torch.rand(B, T, Hv, generator=g).half().to(dev)
+    init = torch.randn(N, Hv, Dk, Dv, generator=g).to(dev)
+    args, h0 = [q, k, v], init
+    if layout == "state_stride":           # sequence 2's state 2^31 + 128 elements in
+        storage = torch.empty((N - 1) * apart + Hv * Dk * Dv, dtype=torch.float32, device=dev)
+        h0 = storage.as_strided((N, Hv, Dk, Dv), (apart, Dk * Dv, Dv, 1))
+        h0.copy_(init)
+    elif layout == "state_head_stride":    # head 2's state 2^31 + 128 elements in
+        storage = torch.empty((Hv - 1) * apart + Dk * Dv, dtype=torch.float32, device=dev)
+        h0 = storage.as_strided((N, Hv, Dk, Dv), (Hv * apart, apart, Dv, 1))
+        h0.copy_(init)
+    else:                                  # token 2's q, k and v 2^31 + 128 elements in
+        storage = torch.empty((T - 1) * apart + 2 * Hk * Dk + Hv * Dv, dtype=torch.float16, device=dev)
+        for i, (t, at) in enumerate(zip(args, (0, Hk * Dk, 2 * Hk * Dk))):
+            args[i] = storage.as_strided(t.shape, (T * apart, apart, t.shape[3], 1), at)
+            args[i].copy_(t)
+    o, final = kernels.gated_delta_rule(*args, gate, beta, initial_state=h0, output_final_state=True,
+                                        cu_seqlens=cu, use_qk_l2norm=True)
+    same = {"q": q, "k": k, "v": v, "g": gate, "beta": beta, "scale": None, "initial_state": init,
+            "cu_seqlens": cu, "use_qk_l2norm": True}
+    _judge_tail(GDN, (o, final), same, budgets.get(GDN, "float16", backend.name), layout)
+    del storage, args, h0
+    if backend.name == "gpu":
+        torch.cuda.empty_cache()
+
+
 # mla_decode: the cache's positions, sequences and pages and q's heads and tokens past 2^31
 # elements. A stride below 2^31 is an int32 argument, so only an int64 index (position, sequence,
 # page or head, token, x the matching stride) keeps the address from wrapping: the mutation

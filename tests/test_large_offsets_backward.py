@@ -1,0 +1,146 @@
+"""Offsets past 2^31 elements in the training kernels: fused_linear_cross_entropy's GEMM and row
+kernels, flash_attention_backward's dk/dv store. The style of tests/test_large_offsets.py: storage
+of more than 2^31 elements from torch.empty (on the CPU only the pages written are backed), only
+the part the kernel reads written, the outputs judged against the float64 oracle under the op's
+budget (_judge_tail). A stride below 2^31 is an int32 argument, so an index times it wraps unless
+the index is int64; the cases below put such a product past 2^31, each killing the int64 casts of
+the mutation run (results/mutation/report.md) it names.
+"""
+import pytest
+import torch
+
+import kernels
+from harness.gpus import LARGE_MEMORY
+from test_large_offsets import _judge_tail
+
+pytestmark = getattr(pytest.mark, LARGE_MEMORY)      # one at a time on a GPU the workers share
+
+CE = "fused_linear_cross_entropy"
+
+
+def _ce_tail(h, W, labels, reduction="sum"):
+    return {"h": h, "W": W, "labels": labels, "ignore_index": -100, "label_smoothing": 0.0, "softcap": None,
+            "reduction": reduction, "dw_accumulation": "fp32", "chunk_size": None, "dw_chunk_rows": None}
+
+
+# fused_linear_cross_entropy, a few programs (the interpreter runs them in seconds):
+# weight_row_stride: W [40, 32] with rows 2^26 + 16 elements apart (one fp16 storage of 5.2 GB, only
+#   its 40 rows written). dh's GEMM reads W^T split over V (num_splits 3, tiles of 16: splits of 16
+#   vocabulary rows); split 2 starts at W row 32, 2^31 + 512 elements in, reached only through an
+#   int64 k0 (_gemm_kernel's `b_ptrs += k0.to(tl.int64) * sbk`: mutant 10de9d5f5d). The row stride
+#   times BLOCK_K (2^30 + 256) stays below 2^31, as the GEMM's in-tile K offsets need.
+# label_stride: labels int32 [3] with entries 2^30 + 64 apart (8.6 GB): row 2's label sits past
+#   2^31 elements, reached only through an int64 row in _ce_rows_kernel (`row * label_stride`:
+#   mutant 0f5f920256; the label stride is the caller's, the launcher passes it through).
+# The rows' labels lie in split 2's vocabulary rows, so that its share of dh is the -W[label] term.
+@pytest.mark.op(CE)
+@pytest.mark.parametrize("layout", ["weight_row_stride", "weight_rows_past_k_step", "label_stride"])
+def test_fused_linear_cross_entropy_reads_past_2_31_elements(layout, backend, budgets):
+    dev, g = backend.device, torch.Generator().manual_seed(21)
+    N, V, H = 3, 40, 32
+    h = torch.randn(N, H, generator=g).half().to(dev)
+    w = (torch.randn(V, H, generator=g) * (4.0 / H ** 0.5)).half().to(dev)
+    y = torch.tensor([35, 32, 39], dtype=torch.int32, device=dev)
+    W, labels, kw = w, y, {}
+    if layout == "weight_row_stride":
+        apart = 2**26 + 16
+        storage = torch.empty((V - 1) * apart + H, dtype=torch.float16, device=dev)
+        W = storage.as_strided((V, H), (apart, 1))
+        W.copy_(w)
+        kw = dict(num_splits=3, block=16)
+        from kernels.cross_entropy import _dh_splits
+        assert _dh_splits(torch.device(dev), N, H, V, 2, 16, 3) == 3 and 32 * apart > 2**31 > 16 * apart
+    elif layout == "weight_rows_past_k_step":
+        # W's rows 2^27 + 16 apart: dh's K step, BLOCK_K x the row stride, passes 2^31 for any tile
+        # of 16 or more, which the GEMM's int32 K offsets cannot hold: the launcher copies W first
+        # (before that copy, the interpreter's lane guard caught a read 4 GiB before W)
+        apart = 2**27 + 16
+        storage = torch.empty((V - 1) * apart + H, dtype=torch.float16, device=dev)
+        W = storage.as_strided((V, H), (apart, 1))
+        W.copy_(w)
+    else:
+        apart = 2**30 + 64
+        storage = torch.empty((N - 1) * apart + 1, dtype=torch.int32, device=dev)
+        labels = storage.as_strided((N,), (apart,))
+        labels.copy_(y)
+    loss, dh, dw = kernels.fused_linear_cross_entropy(h, W, labels, reduction="sum", **kw)
+    _judge_tail(CE, (loss, dh, dw), _ce_tail(h, w, y), budgets.get(CE, "float16", backend.name), layout)
+    del storage, W, labels
+    if backend.name == "gpu":
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("op,dtype,config", [pytest.param(CE, "float16", "huge", marks=pytest.mark.op(CE))])
+def test_fused_linear_cross_entropy_dh_partials_past_2_31_elements(op, dtype, config, backend, budgets):
+    """dh's sum over V split among 514 programs a tile (num_splits): its fp32 partials [514, C, H]
+    with C = H = 2048 hold 2^31 + 2^23 elements (8.6 GB), split s's slice at s x 2^22, so splits
+    512 and 513 store past 2^31 elements only through an int64 split index (_gemm_kernel's
+    `split.to(tl.int64) * scs`: mutant 2fb60869ee). One chunk of 2048 rows, the Triton GEMMs; every
+    row but the last 8 carries ignore_index (zero gradient logits: the loss, dh and dW are those of
+    the last 8 rows, which the oracle judges), whose labels lie in split 513's vocabulary rows."""
+    assert backend.name == "gpu", "8.6 GB of partials written in the interpreter (declared gap interp-huge-rows)"
+    from kernels.cross_entropy import _dh_splits, _tiles
+
+    dev, g = backend.device, torch.Generator().manual_seed(22)
+    N = C = H = 2048
+    splits = 514
+    bk = _tiles(C, H, splits * 64, 2, None)["BLOCK_K"]
+    V = (splits - 1) * bk + bk // 2                  # the last split half a K tile
+    assert _dh_splits(torch.device(dev), C, H, V, 2, None, splits) == splits and (splits - 1) * C * H > 2**31
+    h = torch.randn(N, H, generator=g).half().to(dev)
+    W = (torch.randn(V, H, generator=g) * (4.0 / H ** 0.5)).half().to(dev)
+    labels = torch.full((N,), -100, dtype=torch.int64)
+    labels[-8:] = torch.randint((splits - 1) * bk, V, (8,), generator=g)
+    labels = labels.to(dev)
+    loss, dh, dw = kernels.fused_linear_cross_entropy(h, W, labels, reduction="sum", chunk_size=C,
+                                                      num_splits=splits, gemm="triton")
+    assert torch.all(dh[:-8] == 0)
+    _judge_tail(op, (loss, dh[-8:], dw), _ce_tail(h[-8:].clone(), W, labels[-8:].clone()),
+                budgets.get(op, dtype, backend.name), "the last 8 rows, dh summed over 514 splits")
+    del h, W, dh, dw
+    torch.cuda.empty_cache()
+
+
+# flash_attention_backward's dk/dv store: keys x dk's token stride (Hkv D: dk and dv are contiguous,
+# the launcher's or out='s) passes 2^31 only in a sequence of more than 2^31 / (Hkv D) keys, so
+# the smallest such case has one KV head of D 256 and 2^23 + 64 keys: dk and dv 4.3 GB each,
+# every key's row written (zeros where no query sees its key), 2^17 programs in the interpreter.
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("flash_attention_backward", "float16", "huge",
+                                                          marks=pytest.mark.op("flash_attention_backward"))])
+def test_flash_attention_backward_writes_keys_past_2_31_elements(op, dtype, config, backend, budgets):
+    """One sequence of Tk = 2^23 + 64 keys, one KV head of D 256 (GQA: 2 query heads of 16
+    queries, not causal): the last 64 keys' dk and dv rows start past 2^31 elements, reached only
+    through int64 keys (_attn_bwd_kv_kernel's `keys[:, None].to(tl.int64) * sdk_t`: mutant
+    9d788f80af and 5114bc31ee / 98d3aac8f0, and dv's 63c83b4af9). k and v are overlapping windows
+    of one storage each (token stride 16: key j is storage[16 j:16 j + 256], 268 MB each instead
+    of 4.3 GB); k's storage is -100 up to the last 64 keys' windows, so every key before the last
+    80 scores about -1600 against q (about 1 + noise) and its weight is exactly 0, in fp32 and in
+    float64: the gradients are those of the last 80 keys, which the oracle judges (dq, and those
+    keys' dk and dv; the other keys' must be exactly 0)."""
+    assert backend.name == "gpu", "2^17 programs writing 8 GB in the interpreter (declared gap interp-huge-rows)"
+    import oracles
+
+    dev, g = backend.device, torch.Generator().manual_seed(23)
+    D, Hq, Tq, J, step = 256, 2, 16, 64, 16
+    Tk = 2**31 // D + J                                 # keys Tk - J.. start 2^31 elements into dk and dv
+    tail = J + D // step                               # the keys whose windows reach past step (Tk - J)
+    size = step * (Tk - 1) + D
+
+    def windows(fill_to):
+        storage = torch.empty(size, dtype=torch.float16, device=dev)
+        storage[:fill_to] = -100.0
+        storage[fill_to:] = torch.randn(size - fill_to, generator=g).half().to(dev)
+        return storage.as_strided((1, Tk, 1, D), (size, step, D, 1))
+    k, v = windows(step * (Tk - J)), windows(0)
+    q = (1.0 + 0.5 * torch.randn(1, Tq, Hq, D, generator=g)).half().to(dev)
+    do = torch.randn(1, Tq, Hq, D, generator=g).half().to(dev)
+    last = {"q": q, "k": k[:, -tail:].contiguous(), "v": v[:, -tail:].contiguous(), "causal": False, "scale": None,
+            "cu_seqlens_q": None, "cu_seqlens_k": None, "do": do}
+    o, lse = oracles.flash_attention(q, last["k"], last["v"], False)
+    dq, dk, dv = kernels.flash_attention_backward(q, k, v, o.half(), lse.float().contiguous(), do)
+    assert dk.is_contiguous() and dk.stride(1) * (Tk - J) >= 2**31
+    _judge_tail(op, (dq, dk[:, -tail:], dv[:, -tail:]), last, budgets.get(op, dtype, backend.name),
+                f"keys {Tk - tail}..{Tk - 1} of one KV head")
+    assert not dk[:, :-tail].any() and not dv[:, :-tail].any(), "keys of weight 0 got nonzero gradients"
+    del k, v, dq, dk, dv
+    torch.cuda.empty_cache()
