@@ -14,7 +14,8 @@ takes each mutant's strongest verdict per backend over all the runs. Its final v
     killed-gpu  survived the interpreter, killed by the `gpu` profile (a GPU-only path: TMA, bf16
                 tl.dot, offsets past 2^31, ...)
     gate        every test passed on both, a baseline gate failed
-    survived / timeout / crashed / invalid / equivalent
+    invalid     Triton refused it (on the interpreter, or for the GPU: such a kernel cannot ship)
+    survived / timeout / crashed / equivalent
     not run     no run of the current mutant on any backend
 
 Scores: ci = killed / judged, both = (killed + killed-gpu) / judged, judged = the mutants not
@@ -69,7 +70,9 @@ def final_verdict(interp: dict | None, gpu: dict | None) -> str:
         return interp["status"]
     if gpu and gpu["status"] == "killed":
         return KILLED_GPU if interp else "killed"
-    if gpu and gpu["status"] == "invalid" and not interp:
+    if gpu and gpu["status"] == "invalid":
+        # Triton refuses it for the GPU: that program cannot ship, whatever the interpreter (which
+        # compiles nothing, and may not reach a GPU-only path at all) made of it
         return "invalid"
     statuses = {v["status"] for v in (interp, gpu) if v}
     for s in ("gate", "timeout", "crashed", "survived"):

@@ -447,24 +447,25 @@ def _run_file(path, backend, statuses, tests=None):
 
 
 def test_the_report_merges_runs_by_the_strongest_verdict_and_scores_each_backend(tool, tmp_path):
-    ids = [m.id for m in tool.mutants.enumerate_mutants(SOFTMAX)[:5]]
+    ids = [m.id for m in tool.mutants.enumerate_mutants(SOFTMAX)[:6]]
     equivalents = tmp_path / "equivalent.toml"
     equivalents.write_text(f'[{ids[4]}]\nfile = "kernels/softmax.py"\nreason = "triaged after the runs"\n')
     runs = [
         _run_file(tmp_path / "a.json", "interpreter", {ids[0]: "killed", ids[1]: "survived", ids[2]: "survived",
-                                                       ids[3]: "survived", ids[4]: "survived"}),
+                                                       ids[3]: "survived", ids[4]: "survived", ids[5]: "survived"}),
         # a later interpreter run of the survivors: one killed by a new test, one caught by the gate
         _run_file(tmp_path / "b.json", "interpreter", {ids[0]: "survived", ids[1]: "killed", ids[2]: "gate"}),
-        # the GPU kills the third survivor: a GPU-only path
-        _run_file(tmp_path / "c.json", "gpu", {ids[3]: "killed"}, {ids[3]: "tests/test_large_offsets.py::t"}),
+        # the GPU kills the third survivor (a GPU-only path) and refuses to compile the last one
+        _run_file(tmp_path / "c.json", "gpu", {ids[3]: "killed", ids[5]: "invalid"},
+                  {ids[3]: "tests/test_large_offsets.py::t"}),
     ]
     report = tool.mutation_report.build(runs, root=ROOT, files=["kernels/softmax.py"],
                                         equivalents_path=str(equivalents))
     verdict = {m["id"]: m["verdict"] for m in report["mutants"]}
-    assert [verdict[i] for i in ids] == ["killed", "killed", "gate", "killed-gpu", "equivalent"]
+    assert [verdict[i] for i in ids] == ["killed", "killed", "gate", "killed-gpu", "equivalent", "invalid"]
     s = report["files"]["kernels/softmax.py"]
     assert (s["judged"], s["killed"], s["killed-gpu"], s["gate"], s["equivalent"]) == (4, 2, 1, 1, 1)
-    assert s["not run"] == s["mutants"] - 5
+    assert s["not run"] == s["mutants"] - 6 and s["invalid"] == 1
     assert (s["ci"], s["ci_paths"], s["both"]) == (0.5, round(2 / 3, 4), 0.75)
     text = tool.mutation_report.markdown(report)
     assert f"`{ids[3]}`" in text.split("Killed on the GPU only")[1] and "tests/test_large_offsets.py::t" in text
