@@ -1,6 +1,6 @@
 """MoE and MXFP4 past 2^31 elements: the index casts tests/test_large_offsets.py's MoE cases leave
 unreached (the router's expert columns and bias, one expert's weight rows, the MXFP4 code and scale
-columns, quantize_mxfp4's rows, moe_permute's chunk counts).
+columns, quantize_mxfp4's rows, moe_permute's chunk counts and sentinel fill).
 
 A stride below 2^31 is passed to a kernel as an int32 argument, so an int32 index times it wraps
 once the product passes 2^31 (to the product minus 2^32): only the kernels' int64 casts keep these
@@ -13,7 +13,7 @@ one), so that a wrapped read lands inside it, on elements written here as a pois
 and the output is wrong; a read outside the allocation might fault or find a value that changes
 nothing (the moe_route experts_outermost case of test_large_offsets.py reads an unrelated logit
 there). Outputs are judged against the float64 oracle on dense copies of what was read, under the
-op's budget (_judge_tail). moe_permute's case needs 2^21 programs: GPU only (config "huge",
+op's budget (_judge_tail). moe_permute's two cases need 2^21 programs: GPU only (config "huge",
 declared gap interp-huge-rows), judged exactly against _permutation below (torch sorts: the float64
 oracle's Python lists of 2^25 entries would take minutes), which test_permutation_matches_the_oracle
 checks against oracles.moe_permute on small inputs.
@@ -263,4 +263,33 @@ def test_moe_permute_scans_chunk_counts_past_2_31_elements(op, dtype, config, ba
     got = kernels.moe_permute(ids, E, block)
     _judge_permutation(got, ids, E, block, f"{chunks} chunks of {E} counts")
     del ids, got
+    _release(backend)
+
+
+# moe_permute's fill (_fill_kernel): program p writes the sentinel to slots p x 1024 ... and owns block
+# p x BLOCK_J ...; the grid covers the blocks too, and with block 1 and E 1024 (BLOCK_J 4) 2^23 + 64
+# entries make 2^21 + 16 programs. The last 16 programs' slots start past 2^31 (masked off: they are
+# past the capacity); an int32 program id (`pid.to(tl.int64) * BLOCK_F`) wraps them to -2^31, which the
+# mask lets through: sorted_ids here is the end of an int32 buffer 2^31 elements longer, whose first
+# 16 x 1024 elements (where those stores land) must keep their marker. For da0a425fec and d5e1cfa525
+# (moe.py:216). About 11 GiB on a GPU (that buffer 8, moe_permute's [2^19, 1024] counts 2).
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("moe_route", "float16", "huge", id="fill",
+                                                          marks=pytest.mark.op("moe_route"))])
+def test_moe_permute_fills_slots_past_2_31_elements(op, dtype, config, backend):
+    assert backend.name == "gpu", "2^21 programs in the interpreter: hours (declared gap interp-huge-rows)"
+    E, K, block = 1024, 16, 1
+    T = 2**23 // K + 4
+    capacity = permute_capacity(T * K, E, block)
+    programs = max(-(-capacity // 1024), -(-capacity // 4))             # _fill_kernel's grid (BLOCK_J 4)
+    wrapped = programs - 2**21
+    assert wrapped > 0 and (programs - 1) * 1024 + 1023 < 2**32
+    dev, g = backend.device, torch.Generator().manual_seed(26)
+    ids = torch.randint(0, E, (T, K), generator=g, dtype=torch.int32).to(dev)
+    buf = torch.empty(2**31 + capacity, dtype=torch.int32, device=dev)
+    guard = buf[:wrapped * 1024]
+    guard.fill_(-7)
+    got = kernels.moe_permute(ids, E, block, out_sorted=buf[2**31:])
+    assert bool((guard == -7).all()), "moe_permute wrote below sorted_ids (int32 slots of the sentinel fill)"
+    _judge_permutation(got, ids, E, block, f"{programs} fill programs")
+    del ids, buf, guard, got
     _release(backend)
