@@ -71,15 +71,19 @@ def test_bias_gelu_function_gradient_is_the_backward_op(dtype, approximate, back
 
 
 @pytest.mark.op("bias_gelu_backward")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_bias_gelu_backward_without_bias_is_the_zero_bias_dy(approximate, backend):
+def test_bias_gelu_backward_without_bias_is_the_zero_bias_dy(approximate, dtype, backend):
     """No bias: dbias is None and dy is that of a zero bias, bit for bit (y + 0 is y in fp32, and
-    gelu' is even-symmetric in the sign of 0)."""
+    gelu' is even-symmetric in the sign of 0). 16-bit y too: the slope is taken in fp32 with or
+    without a bias (y's load widened; mutant 6f263865c1 left a 16-bit y to the 16-bit math)."""
     dev = backend.device
-    y, dout = _randn(9, 33, seed=8, device=dev, scale=3.0), _randn(9, 33, seed=9, device=dev)
+    y = _randn(9, 33, seed=8, dtype=dtype, device=dev, scale=3.0)
+    dout = _randn(9, 33, seed=9, dtype=dtype, device=dev)
     dy, dbias = kernels.bias_gelu_backward(dout, y, None, approximate)
     assert dbias is None
-    assert torch.equal(dy, kernels.bias_gelu_backward(dout, y, torch.zeros(33, device=dev), approximate)[0])
+    zero = torch.zeros(33, dtype=dtype, device=dev)
+    assert torch.equal(dy, kernels.bias_gelu_backward(dout, y, zero, approximate)[0])
     x = y.clone().requires_grad_(True)
     kernels.BiasGeluFunction.apply(x, None, approximate).backward(dout)
     assert torch.equal(x.grad, dy)
