@@ -182,6 +182,10 @@ def test_embedding_backward_drops_bad_ids_and_reports_them(backend):
     with pytest.raises(ValueError, match=r"^ids: expected ids in \[0, 5\) .* got 3 outside it"):
         kernels.embedding_backward(dout, ids, 5, out_dtable=out)
     assert torch.equal(out, want)
+    # counted by one program of a grid of several in both dims (5 x 2 here): not once per program
+    # (mutants 01b7de1b59, 1ec547c072, 14c5c0e19c, 4a95e385da of the program that counts)
+    with pytest.raises(ValueError, match=r"got 3 outside it"):
+        kernels.embedding_backward(dout, ids, 5, block_rows=1, block_cols=4)
     kernels.embedding_backward(dout, ids, 5, validate="deferred")
     with pytest.raises(ValueError, match='^ids: .*embedding_backward call with validate="deferred"'):
         kernels.raise_deferred_errors()
