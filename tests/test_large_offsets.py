@@ -662,7 +662,7 @@ def test_gated_delta_prefill_reads_past_2_31_elements(layout, backend, budgets):
 # Storage of 2^31 elements and more, written only where the call reads (the CPU backs nothing
 # else); a few programs, so the interpreter runs it too. L 64 and R 16 keep the rest small.
 MLA_HUGE_LAYOUTS = ["position_stride", "nope_head_stride", "pe_head_stride", "sequence_stride", "token_stride",
-                    "pages_16", "pages_64"]
+                    "pe_token_stride", "pages_16", "pages_64"]
 
 
 @pytest.mark.op("mla_decode")
@@ -673,7 +673,7 @@ def test_mla_decode_reads_past_2_31_elements(layout, backend, budgets):
     H, T = (4, 520) if layout == "position_stride" else (9, 40)
     if layout == "sequence_stride":
         B, H = 3, 4                                    # sequence 2 starts 2^31 elements in
-    elif layout == "token_stride":
+    elif layout in ("token_stride", "pe_token_stride"):
         Tq, H = 3, 4                                   # token 2 starts 2^31 elements in
 
     def dense(*shape):
@@ -692,12 +692,14 @@ def test_mla_decode_reads_past_2_31_elements(layout, backend, budgets):
         far = torch.empty(B * step, dtype=torch.float16, device=dev).as_strided((B, T, L), (step, L, 1))
         far.copy_(c_kv)
         args["c_kv"] = far
-    elif layout == "token_stride":
+    elif layout in ("token_stride", "pe_token_stride"):
+        # q_pe's tokens too (267d4e313b, 4f28d6b3bf: its token offset as int32)
+        name, width = ("q_nope", L) if layout == "token_stride" else ("q_pe", R)
         step = 2**30
-        far = torch.empty(Tq * step, dtype=torch.float16, device=dev).as_strided((B, Tq, H, L),
-                                                                                 (Tq * step, step, L, 1))
-        far.copy_(q_nope)
-        args["q_nope"] = far
+        far = torch.empty(Tq * step, dtype=torch.float16, device=dev).as_strided((B, Tq, H, width),
+                                                                                 (Tq * step, step, width, 1))
+        far.copy_(args[name])
+        args[name] = far
     elif layout.startswith("pages_"):
         # Pages of a pool past 2^31 elements: page 2^31 / (page_size L) onward (page mode 0 for
         # 16-position pages, one index a position; mode 1 for 64, one a tile).
