@@ -11,7 +11,7 @@ import torch
 
 import kernels
 from harness.gpus import LARGE_MEMORY
-from test_large_offsets import _judge_tail
+from test_large_offsets import _judge_tail, _release
 
 pytestmark = getattr(pytest.mark, LARGE_MEMORY)      # one at a time on a GPU the workers share
 
@@ -66,8 +66,7 @@ def test_fused_linear_cross_entropy_reads_past_2_31_elements(layout, backend, bu
     loss, dh, dw = kernels.fused_linear_cross_entropy(h, W, labels, reduction="sum", **kw)
     _judge_tail(CE, (loss, dh, dw), _ce_tail(h, w, y), budgets.get(CE, "float16", backend.name), layout)
     del storage, W, labels
-    if backend.name == "gpu":
-        torch.cuda.empty_cache()
+    _release(backend)
 
 
 @pytest.mark.parametrize("op,dtype,config", [pytest.param(CE, "float16", "huge", marks=pytest.mark.op(CE))])

@@ -12,7 +12,7 @@ import torch
 
 import kernels
 from harness.gpus import LARGE_MEMORY
-from test_large_offsets import _judge_tail
+from test_large_offsets import _judge_tail, _release
 
 pytestmark = getattr(pytest.mark, LARGE_MEMORY)      # one at a time on a GPU the workers share
 
@@ -72,8 +72,7 @@ def test_mla_decode_page_table_and_slots_past_2_31_elements(layout, backend, bud
                 page_size=None, num_splits=None)
     _judge_tail("mla_decode", (o, lse), same, budgets.get("mla_decode", "float16", backend.name), layout)
     del pool_c, pool_k, table
-    if backend.name == "gpu":
-        torch.cuda.empty_cache()
+    _release(backend)
 
 
 # The combine kernel (_mla_combine_kernel) reads split partials [B, rows, splits, L] fp32 that the

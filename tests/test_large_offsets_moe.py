@@ -24,7 +24,7 @@ import torch
 import kernels
 from harness.gpus import LARGE_MEMORY
 from kernels.moe import permute_capacity
-from test_large_offsets import _judge_tail
+from test_large_offsets import _judge_tail, _release
 
 pytestmark = getattr(pytest.mark, LARGE_MEMORY)      # one at a time on a GPU the workers share
 
@@ -46,11 +46,6 @@ def _poison(storage, at, n, value):
     0 and storage[0] is the view's own first element)."""
     if at:
         storage[:n] = value
-
-
-def _release(backend):
-    if backend.name == "gpu":
-        torch.cuda.empty_cache()
 
 
 # moe_route: an expert's logit or bias past 2^31 elements. S = 2^30 + 64, an int32 argument:
