@@ -216,15 +216,18 @@ def test_bias_gelu_reads_and_writes_past_2_31_elements(op, dtype, config, layout
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("op,dtype,config", [pytest.param("adamw", "bfloat16", "huge", id="adamw",
-                                                          marks=pytest.mark.op("adamw"))])
-def test_adamw_updates_elements_past_2_31(op, dtype, config, backend):
+@pytest.mark.parametrize("op,dtype,config,call", [pytest.param("adamw", "bfloat16", "huge", call, id=call,
+                                                               marks=pytest.mark.op("adamw"))
+                                                  for call in ("adamw", "adamw_multi")])
+def test_adamw_updates_elements_past_2_31(op, dtype, config, call, backend):
     """The update of an element depends on nothing but its own p, g, m, v, so the last elements
     of a 2^31 + 1024-element update must equal the same update run on copies of them: an int32
     offset would wrap to another element (or fault). Equal within two roundings of the largest
     value, not bit for bit: the two launches compile apart (n is an int64 argument in one, an
     int32 in the other) and the H200 build contracts beta1 * m + (1 - beta1) * g into FMAs
-    differently (seen: m off by 1.1e-8 where the terms are ~0.1, 3.7% of the elements)."""
+    differently (seen: m off by 1.1e-8 where the terms are ~0.1, 3.7% of the elements).
+    adamw_multi: the big tensor second in a list of two, its blocks' offsets past 2^31 formed from
+    an int32 block index (`tl.load(tile_block + tile).to(tl.int64)`: mutants ecac2d03e7, 5dcf22d46c)."""
     assert backend.name == "gpu", "2^21 programs in the interpreter: hours (declared gap interp-huge-rows)"
     n, tail = 2**31 + 1024, 3000
     dev = backend.device
@@ -238,7 +241,11 @@ def test_adamw_updates_elements_past_2_31(op, dtype, config, backend):
     m[-tail:] = torch.randn(tail, generator=g).mul(0.1).to(dev)
     v[-tail:] = torch.rand(tail, generator=g).mul(0.01).to(dev)
     small = [t[-tail:].clone() for t in (p, grad, m, v)]
-    kernels.adamw(p, grad, m, v, step=3, lr=1e-2)
+    if call == "adamw":
+        kernels.adamw(p, grad, m, v, step=3, lr=1e-2)
+    else:
+        first = [t[:100].clone() for t in small]
+        kernels.adamw_multi([first[0], p], [first[1], grad], [first[2], m], [first[3], v], [3, 3], lr=1e-2)
     kernels.adamw(*small, step=3, lr=1e-2)
     for name, big, ref in zip("pgmv", (p, grad, m, v), small):
         ulp = 2.0**-7 if big.dtype == torch.bfloat16 else 2.0**-23

@@ -143,3 +143,79 @@ def test_flash_attention_backward_writes_keys_past_2_31_elements(op, dtype, conf
     assert not dk[:, :-tail].any() and not dv[:, :-tail].any(), "keys of weight 0 got nonzero gradients"
     del k, v, dq, dk, dv
     torch.cuda.empty_cache()
+
+
+# bias_gelu_backward (kernels/activations.py), two layouts, each GPU-only:
+# rows: one column of 2^31 + 64 rows (dout, y, dy 4.3 GB each in fp16), no bias: the last row tile
+#   starts past 2^31, a row index only an int64 group start forms (`first = tl.program_id(0).to(tl.int64)
+#   * tiles_per_group`: mutants 8f9bf61e0f, a05b348992).
+# group_partials: dout and y stored features-outermost ([N, R] storages used transposed, R = 2^16,
+#   N = 2^15 + 16), so column c sits c R elements in and the last 16 columns start past 2^31
+#   (`cols.to(tl.int64) * dsn` of dout and of y: f584c5b4c9, 515428df5e, 9a29893e27, c8f25815fc);
+#   one row a group (block_rows 1, row_groups R), so dbias's fp32 partials [R, N] hold 2^31 + 2^20
+#   elements and the last groups' rows start past 2^31 (`tl.program_id(0).to(tl.int64) * N`:
+#   38cdb54ad0, fec72572d6). Every element is written (dbias sums them all); the last 16 columns'
+#   dy and dbias are judged.
+@pytest.mark.parametrize("op,dtype,config,layout", [
+    pytest.param("bias_gelu_backward", "float16", "huge", lay, id=lay, marks=pytest.mark.op("bias_gelu_backward"))
+    for lay in ("rows", "group_partials")])
+def test_bias_gelu_backward_reads_and_writes_past_2_31_elements(op, dtype, config, layout, backend, budgets):
+    assert backend.name == "gpu", "2^31 elements in the interpreter: hours (declared gap interp-huge-rows)"
+    dev = backend.device
+    g = torch.Generator(device=dev).manual_seed(24)
+    budget = budgets.get(op, dtype, backend.name)
+    if layout == "rows":
+        R, tail = 2**31 + 64, 64
+        dout = torch.empty(R, 1, dtype=torch.float16, device=dev)
+        y = torch.empty(R, 1, dtype=torch.float16, device=dev)
+        dout[-tail:] = torch.randn(tail, 1, generator=g, device=dev).half()
+        y[-tail:] = torch.randn(tail, 1, generator=g, device=dev).half()
+        dy, dbias = kernels.bias_gelu_backward(dout, y)
+        assert dbias is None
+        # dy judged as the op's under a zero bias (the same x = y); no dbias
+        _judge_tail(op, (dy[-tail:],), {"dout": dout[-tail:].clone(), "y": y[-tail:].clone(),
+                                        "bias": torch.zeros(1, dtype=torch.float16, device=dev), "approximate": "none"},
+                    budget, f"rows {R - tail}..{R - 1}")
+        del dout, y, dy
+    else:
+        R, N, tail = 2**16, 2**15 + 16, 16
+        dout = torch.randn(N, R, generator=g, device=dev, dtype=torch.float16).t()
+        y = torch.randn(N, R, generator=g, device=dev, dtype=torch.float16).t()
+        bias = torch.randn(N, generator=g, device=dev, dtype=torch.float16)
+        assert dout.stride(1) * (N - tail) >= 2**31 and (R - 1) * N >= 2**31
+        dy, dbias = kernels.bias_gelu_backward(dout, y, bias, block_rows=1, row_groups=R)
+        _judge_tail(op, (dy[:, -tail:], dbias[-tail:]),
+                    {"dout": dout[:, -tail:].clone(), "y": y[:, -tail:].clone(), "bias": bias[-tail:].clone(),
+                     "approximate": "none"}, budget, f"the last {tail} of {N} columns, dbias over {R} groups")
+        del dout, y, dy, dbias
+    _release(backend)
+
+
+# embedding_backward (kernels/embedding.py): a table of V = 2^20 + 16 rows of H = 2048 (dtable 4.3 GB),
+# dout stored features-outermost ([H, n] used transposed, n = 2^31 / (H - 1) + 16 tokens: 4.3 GB). dtable's
+# last rows start past 2^31 elements (`v = tl.program_id(0).to(tl.int64) * BLOCK_V`: mutants d7ad678835,
+# ccf6a5be85), and dout's features past 2^31 / n sit past 2^31 elements (`cols = tl.program_id(1)
+# .to(tl.int64) * BLOCK_H`: 08be1fe4e0, 9e98271d30). Every token but 8 carries id -1 (validate=False:
+# it adds to no row); the 8 are two for each of 4 ids at both ends of the table, whose rows are
+# exact: two fp16 rows summed in fp32 and rounded once, as float64 does.
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("embedding_backward", "float16", "huge",
+                                                          marks=pytest.mark.op("embedding_backward"))])
+def test_embedding_backward_writes_and_reads_past_2_31_elements(op, dtype, config, backend):
+    assert backend.name == "gpu", "2^20 table rows in the interpreter: hours (declared gap interp-huge-rows)"
+    dev = backend.device
+    g = torch.Generator(device=dev).manual_seed(25)
+    V, H = 2**20 + 16, 2048
+    n = 2**31 // (H - 1) + 16
+    dout = torch.empty(H, n, dtype=torch.float16, device=dev).t()           # stride (1, n)
+    ids = torch.full((n,), -1, dtype=torch.int64, device=dev)
+    judged = torch.tensor([V - 1, V - 2, 0, 1], device=dev)
+    tokens = torch.tensor([n - 1, 0, n - 2, 1, 5, n // 2, 7, n - 9], device=dev)
+    ids[tokens] = judged.repeat_interleave(2)
+    dout[tokens] = torch.randn(len(tokens), H, generator=g, device=dev).half()
+    assert dout.stride(1) * (H - 1) >= 2**31 and (V - 1) * H >= 2**31
+    dtable = kernels.embedding_backward(dout, ids, V, validate=False)
+    pairs = dout[tokens].double().reshape(4, 2, H).sum(1).half()
+    assert torch.equal(dtable[judged], pairs), "embedding_backward: the judged rows differ from the exact sums"
+    assert not dtable[2:6].any() and not dtable[-6:-2].any(), "rows no token has are not zero"
+    del dout, dtable
+    _release(backend)
