@@ -31,7 +31,7 @@ import triton.language as tl
 
 from kernels._device import activate, kahan_add, row_offsets, times_activation_grad
 from kernels._launch import (cdiv, check_count, check_same_device, check_same_dtype, check_shape, check_tensor,
-                             leading_layout, new_out, next_power_of_2)
+                             interpreting, leading_layout, new_out, next_power_of_2)
 from kernels._reduce import check_row_groups, partials, plan_row_groups, sum_row_groups
 from kernels._variants import by_alignment
 
@@ -39,24 +39,39 @@ APPROXIMATIONS = ("none", "tanh")
 _MAX_BLOCK_N = 1024
 _TILE = 4096      # elements a program moves: short rows are packed several to a program
 _BACKWARD_TILE = 1024   # the same for bias_gelu_backward (_backward_tile)
+# The forward's launch switches (bench/explore_gelu_rcp.py sweeps them): approx_rcp, the 16-bit
+# exact form's reciprocal as one MUFU instruction on a GPU (_reciprocal); maxnreg, a register cap.
+_GELU_LAUNCH = dict(approx_rcp=True, maxnreg=None)
 
 
 @triton.jit
-def _gelu_for_16bit(z):
+def _reciprocal(x, APPROX_RCP: tl.constexpr):
+    """1 / x for x >= 1 (or NaN): on a GPU rcp.approx.ftz.f32, one MUFU instruction (1 ulp); tl.fdiv's
+    div.full.f32 wraps the same MUFU in range checks for tiny and huge divisors, eight more
+    instructions an element that x >= 1 never needs. The interpreter runs no inline PTX: tl.fdiv there."""
+    if APPROX_RCP:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.fdiv(1.0, x, ieee_rounding=False)
+
+
+@triton.jit
+def _gelu_for_16bit(z, APPROX_RCP: tl.constexpr):
     """The exact GELU 0.5 z (1 + erf(z / sqrt 2)) of an fp32 tile whose result is rounded to fp16
     or bf16. erf is a library call of some 25 instructions (the bf16 kernel: 1258 SASS
     instructions with it, 924 with this form; 66 % against 82 % of copy on the H200, session 22);
     a 16-bit result needs far less than its fp32 accuracy. Here erfc(a), a = |z| / sqrt 2, is
     Hastings' form (Abramowitz and Stegun 7.1.26): t (c1 + c2 t + ... + c5 t^4) exp(-a^2),
     t = 1 / (1 + p a), |erf error| <= 1.5e-7,
-    one fast reciprocal and one exp. 1 + erf is 2 - erfc(a) for z >= 0 and erfc(a) itself for
+    one fast reciprocal (_reciprocal) and one exp. 1 + erf is 2 - erfc(a) for z >= 0 and erfc(a) itself for
     z < 0: no cancellation. The form's own relative error in Phi(z) grows in the far negative
     tail (float64: 5e-5 at z = -3, 5e-4 at -4, 1e-2 at -8), where |gelu| falls below 1e-4 and
     then 1e-14; its absolute error in gelu stays below 2.1e-7 (at z ~ -3), inside the budgets'
     atol. Limits as activate's gelu: +inf gives +inf, -inf gives -0, NaN stays NaN."""
     # a = |z| / sqrt 2 folded into the constants: t = 1 / (1 + p a), exp(-a^2) = 2^(-z^2 log2(e) / 2),
     # and the coefficients halved: e = t poly exp(-a^2) = erfc(a) / 2 = Phi(-|z|)
-    t = tl.fdiv(1.0, 1.0 + 0.2316418882663604 * tl.abs(z), ieee_rounding=False)
+    t = _reciprocal(1.0 + 0.2316418882663604 * tl.abs(z), APPROX_RCP)
     poly = 0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145)))
     e = t * poly * tl.exp2(-0.7213475204444817 * (z * z))
     # z Phi(z): z e for z < 0, z (1 - e) for z >= 0 (+inf: inf (1 - 0))
@@ -66,7 +81,7 @@ def _gelu_for_16bit(z):
 @triton.jit
 def _bias_gelu_kernel(y_ptr, b_ptr, o_ptr, n_rows, N, n1, n2, ys0, ys1, ys2, ysn, bs,
                       HAS_BIAS: tl.constexpr, ACT: tl.constexpr, CONTIGUOUS: tl.constexpr, EVEN: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, APPROX_RCP: tl.constexpr):
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     if CONTIGUOUS:
@@ -96,7 +111,7 @@ def _bias_gelu_kernel(y_ptr, b_ptr, o_ptr, n_rows, N, n1, n2, ys0, ys1, ys2, ysn
         # (9 programs an SM); formed after, in 95 (5), and the kernel ran at 66 % of copy
         # whatever the form (offline sm_90 SASS and H200, session 22; bench/explore_gelu_bisect.py).
         o_ptrs = o_ptr + o_off
-        g = _gelu_for_16bit(x).to(o_ptr.dtype.element_ty)
+        g = _gelu_for_16bit(x, APPROX_RCP).to(o_ptr.dtype.element_ty)
     else:
         g = activate(x, ACT).to(o_ptr.dtype.element_ty)   # ACT: "gelu" or "gelu_tanh"
         o_ptrs = o_ptr + o_off      # before the math, tl.erf's kernel takes 76 registers, not 72
@@ -110,11 +125,14 @@ _bias_gelu_kernel = by_alignment(
     _bias_gelu_kernel, lead="n1", y="y_ptr ys0 ys1 ys2 ysn N", b="b_ptr bs", o="o_ptr N")
 
 
-def _tile(n_cols: int, block_cols: int | None, approximate: str = "none"):
-    """(BLOCK_M, BLOCK_N, num_warps) for rows of n_cols features. H200 sweeps at 32768 x 16384
-    (bench/explore_bias_gelu.py): the erf forms at 4 x 1024 with 4 warps, the cheaper tanh form at
-    8 x 1024 with 8 warps (94-95% of copy). Smaller erf tiles (8 to 16 elements a thread, 32-52
-    registers) do not help tl.erf (62-65%, session 22)."""
+def _tile(n_cols: int, block_cols: int | None, act: str = "gelu"):
+    """(BLOCK_M, BLOCK_N, num_warps) for rows of n_cols features and the kernel's ACT (_act). H200
+    sweeps at 32768 x 16384 (bench/explore_bias_gelu.py, explore_gelu_rcp.py): tl.erf (fp32
+    results) at 4 x 1024 with 4 warps; the tanh form at 8 x 1024 with 8 warps (94-95 % of copy);
+    the 16-bit exact form, whose reciprocal is one instruction (_reciprocal), at 2 x 1024 with 4
+    warps: 94-95 % of copy in bf16 and fp16, against 75-76 % at 4 x 1024 (80 registers, 6 programs
+    an SM; 2 x 1024 takes 32). Smaller tl.erf tiles (8 to 16 elements a thread) did not help it
+    (62-65 %, session 22)."""
     full = next_power_of_2(max(n_cols, 1))
     if block_cols is not None:
         if not isinstance(block_cols, int) or block_cols < 1 or block_cols & (block_cols - 1):
@@ -122,7 +140,7 @@ def _tile(n_cols: int, block_cols: int | None, approximate: str = "none"):
         block_n = min(block_cols, full)
     else:
         block_n = min(full, _MAX_BLOCK_N)
-    tile = _TILE * 2 if approximate == "tanh" else _TILE
+    tile = {"gelu_tanh": 2 * _TILE, "gelu_16bit": _TILE // 2}.get(act, _TILE)
     block_m = max(1, min(64, tile // block_n))
     num_warps = 4 if block_m * block_n <= 4096 else 8
     return block_m, block_n, num_warps
@@ -173,15 +191,17 @@ def bias_gelu(y: torch.Tensor, bias: torch.Tensor | None = None, approximate: st
         layout = leading_layout(tuple(y.shape[:-1]), y.stride()[:-1])
     n1, n2, ((ys0, ys1, ys2),) = layout
     n_rows = y.numel() // N
-    block_m, block_n, num_warps = _tile(N, block_cols, approximate)
+    act = _act(approximate, y.dtype)
+    block_m, block_n, num_warps = _tile(N, block_cols, act)
     grid = (cdiv(n_rows, block_m), cdiv(N, block_n))
     contiguous = y.is_contiguous() and block_m * N < 2**31
     _bias_gelu_kernel[grid](
         y, bias if bias is not None else y, out, n_rows, N, n1, n2, ys0, ys1, ys2, y.stride(-1),
         bias.stride(0) if bias is not None else 0,
-        HAS_BIAS=bias is not None, ACT=_act(approximate, y.dtype), CONTIGUOUS=contiguous,
+        HAS_BIAS=bias is not None, ACT=act, CONTIGUOUS=contiguous,
         EVEN=n_rows % block_m == 0 and N % block_n == 0,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+        BLOCK_M=block_m, BLOCK_N=block_n, APPROX_RCP=_GELU_LAUNCH["approx_rcp"] and not interpreting(),
+        num_warps=num_warps, **({"maxnreg": _GELU_LAUNCH["maxnreg"]} if _GELU_LAUNCH["maxnreg"] else {}))
     return out
 
 
