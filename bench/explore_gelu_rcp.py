@@ -58,7 +58,8 @@ def main():
                 ms = triton.testing.do_bench(lambda: kernels.bias_gelu(y, b, "none", out=o), return_mode="median")
                 gbps = nbytes / (ms * 1e-3) / 1e9
                 print(f"  round {rnd} {name:36s} {gbps:6.0f} GB/s ({100 * gbps / copy:3.0f}% of copy)  "
-                      f"{int(diff.sum())} outputs differ from before (at most {ulps} units in the last place)", flush=True)
+                      f"{int(diff.sum())} outputs differ from before (at most {ulps} units in the last place)",
+                      flush=True)
             act._GELU_LAUNCH.update(approx_rcp=True, maxnreg=None)
             act._tile = tile
             ms = triton.testing.do_bench(lambda: kernels.bias_gelu(y, b, "tanh", out=o), return_mode="median")
