@@ -66,6 +66,7 @@ PLUGIN_DIR = ROOT / "tests" if (ROOT / "tests" / "mutant_plugin.py").is_file() e
 EQUIVALENTS = "results/mutation/equivalent.toml"
 BASELINES = {"interpreter": "results/baselines/interpreter.json"}
 EXIT_USAGE, EXIT_RED = 2, 3
+EXIT_WALL = 4        # --wall passed before the unmutated tree's runs ended
 EXIT_GATE = 6        # harness/baseline.py EXIT_REGRESSION: every test passed, the gate failed
 
 KILLED, GATE, SURVIVED, TIMEOUT, INVALID, CRASHED, EQUIVALENT = (
@@ -391,6 +392,11 @@ def parse_args(argv):
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="start no mutant after this many seconds (the running ones finish); the rest are left "
                         "out of the report: for runs inside a time limit")
+    p.add_argument("--wall", type=float, default=None, metavar="SECONDS",
+                   help="stop the whole run after this many seconds: the running pytest runs are killed and their "
+                        "mutants left out of the report as unrun (never counted as crashed), which is then written "
+                        "as usual: for a call with a hard time limit (a GPU machine's), where --deadline's running "
+                        "ones might not finish")
     p.add_argument("--skip-clean", action="store_true",
                    help="skip the unmutated tree's runs (its tests are known to pass: a nightly judges them "
                         "itself); needs --timeout. On a GPU one op's whole battery compiles for minutes")
@@ -529,6 +535,16 @@ def run_command(argv=None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="kernelcheck-mutate-"))
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
+    _stopping.clear()
+    wall_hit = threading.Event()
+
+    def wall() -> None:
+        wall_hit.set()
+        _kill_live()
+    timer = threading.Timer(args.wall, wall) if args.wall else None
+    if timer:
+        timer.daemon = True
+        timer.start()
     # SIGTERM (a CI job cancelled) takes the same way out as Ctrl-C: the runs are killed too.
     previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
         else None
@@ -544,6 +560,10 @@ def run_command(argv=None) -> int:
         timeouts = {op: args.timeout for op in ops} if args.skip_clean else {}
         for op, future in clean.items():
             run = future.result()
+            if _stopping.is_set():
+                print("kernelcheck-mutate: --wall passed before the unmutated tree's runs ended: nothing judged",
+                      file=sys.stderr)
+                return EXIT_WALL
             print(f"unmutated tree, {op}: {run.status} in {run.seconds:.1f} s", flush=True)
             if run.status != SURVIVED:
                 hint = " (or run without the gate: --baseline none)" if run.status == GATE else ""
@@ -568,6 +588,9 @@ def run_command(argv=None) -> int:
             for op in sorted(r.ops, key=lambda o: (cost[o], o)):
                 run = run_mutant(template, work, r.mutant, sources[r.mutant.file], op, args.backend,
                                  baseline, timeouts[op], args.keyword, **extra)
+                if _stopping.is_set():      # --wall, SIGTERM or Ctrl-C killed it: no verdict, left unrun
+                    r.runs.clear()
+                    return
                 r.runs[op] = run
                 if run.status in (KILLED, INVALID) and not args.every_op:
                     break
@@ -591,12 +614,15 @@ def run_command(argv=None) -> int:
         raise
     finally:
         pool.shutdown(wait=True)
+        if timer:
+            timer.cancel()
         shutil.rmtree(work, ignore_errors=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     unrun = {id(r) for r in to_run if not r.runs}
     if unrun:
-        print(f"kernelcheck-mutate: --deadline {args.deadline:.0f} s passed; {len(unrun)} mutants left unrun "
+        limit = f"--wall {args.wall:g} s" if wall_hit.is_set() else f"--deadline {args.deadline:.0f} s"
+        print(f"kernelcheck-mutate: {limit} passed; {len(unrun)} mutants left unrun "
               f"(not in the report)", flush=True)
         results = [r for r in results if id(r) not in unrun]
         to_run = [r for r in to_run if id(r) not in unrun]

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -524,3 +525,41 @@ def test_a_plug_in_kernel_is_mutated_from_its_own_project(tmp_path):
     refused = subprocess.run(base[:3] + ["--impl", "rmsnorm=mynorm:rmsnorm"], cwd=project, env=env,
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "name the implementation's source files" in refused.stderr
+
+
+class _SlowRuns(_Runs):
+    """As _Runs, but the mutants in `slow` run until the run is stopped, as a pytest run that
+    _kill_live kills comes back: crashed."""
+
+    def __init__(self, mutate, statuses, slow):
+        super().__init__(mutate, statuses)
+        self.slow = slow
+
+    def __call__(self, template, work, mutant, source, op, backend, baseline, timeout, keyword=None):
+        if mutant is not None and mutant.id in self.slow:
+            end = time.monotonic() + 30
+            while not self.mutate._stopping.is_set() and time.monotonic() < end:
+                time.sleep(0.01)
+            return self.mutate.Run(op, "crashed", 0.1, None, "killed")
+        return super().__call__(template, work, mutant, source, op, backend, baseline, timeout, keyword)
+
+
+def test_wall_stops_the_run_and_leaves_the_interrupted_mutants_unrun(tool, tmp_path, monkeypatch, capsys):
+    """--wall: the runs going on are stopped and their mutants reported unrun, never crashed; the
+    mutants judged before it keep their verdicts, and the report is written as usual."""
+    monkeypatch.chdir(ROOT)
+    ids = [m.id for m in tool.mutants.enumerate_mutants(SOFTMAX)[:3]]
+    monkeypatch.setattr(tool.mutate, "run_mutant", _SlowRuns(tool.mutate, {ids[0]: "killed"}, {ids[1]}))
+    out = tmp_path / "run.json"
+    argv = ["kernels/softmax.py", *[a for i in ids for a in ("--only", i)], "--jobs", "1", "--skip-clean",
+            "--timeout", "60", "--wall", "0.5", "--json", str(out)]
+    start = time.monotonic()
+    assert tool.mutate.main(argv) == 0
+    assert time.monotonic() - start < 20
+    report = json.loads(out.read_text())
+    assert {m["id"]: m["status"] for m in report["mutants"]} == {ids[0]: "killed"}
+    assert report["meta"]["unrun"] == 2 and "partial" not in report["meta"]
+    assert "--wall 0.5 s passed; 2 mutants left unrun" in capsys.readouterr().out
+    # The next run starts afresh: the wall of this one does not stop it.
+    monkeypatch.setattr(tool.mutate, "run_mutant", _Runs(tool.mutate))
+    assert tool.mutate.main(argv[:-4]) == 0
