@@ -219,3 +219,31 @@ def test_embedding_backward_writes_and_reads_past_2_31_elements(op, dtype, confi
     assert not dtable[2:6].any() and not dtable[-6:-2].any(), "rows no token has are not zero"
     del dout, dtable
     _release(backend)
+
+
+# rmsnorm_rope_backward (kernels/rope.py): one sequence of T = 2^31 / (4 x 128) + 2 tokens of 4 heads x 128
+# (dy, x and dx 4.3 GB each in fp16), so the last tokens' rows start past 2^31 elements: reached only
+# through an int64 token (`first = tl.program_id(0).to(tl.int64) * tokens_per_group`: mutant 41868b77a7,
+# whose int32 token makes t * ds_t and token * H * D wrap). Only the last token's dx is judged (dw sums
+# every token, and the others are uninitialised memory the kernel runs over). Written in session 26
+# without a GPU: its first GPU run is on bench/NOTES.md's list.
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("rmsnorm_rope_backward", "float16", "huge",
+                                                          marks=pytest.mark.op("rmsnorm_rope_backward"))])
+def test_rmsnorm_rope_backward_writes_tokens_past_2_31_elements(op, dtype, config, backend, budgets):
+    assert backend.name == "gpu", "millions of programs in the interpreter: hours (declared gap interp-huge-rows)"
+    dev = backend.device
+    g = torch.Generator().manual_seed(26)
+    T, H, D = 2**31 // (4 * 128) + 2, 4, 128
+    dy = torch.empty(1, T, H, D, dtype=torch.float16, device=dev)
+    x = torch.empty(1, T, H, D, dtype=torch.float16, device=dev)
+    for t in (dy, x):
+        t[0, -1] = torch.randn(H, D, generator=g).half().to(dev)
+    w = torch.randn(D, generator=g).half().to(dev)
+    positions = torch.randint(0, 4096, (1, T), generator=g).to(dev)
+    assert x.stride(1) * (T - 1) >= 2**31
+    dx, _ = kernels.rmsnorm_rope_backward(dy, x, w, positions)
+    last = {"dy": dy[:, -1:].clone(), "x": x[:, -1:].clone(), "w": w, "positions": positions[:, -1:].clone(),
+            "eps": 1e-6, "theta": 10000.0, "style": "neox", "rotary_dim": D}
+    _judge_tail(op, (dx[:, -1:],), last, budgets.get(op, dtype, backend.name), f"token {T - 1} of {T}")
+    del dy, x, dx
+    _release(backend)

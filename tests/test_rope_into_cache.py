@@ -79,14 +79,20 @@ def test_rope_into_cache_is_rope_then_the_cache_write_to_the_bit(backend, value_
 
 
 @pytest.mark.op("decoder")
-@pytest.mark.parametrize("bad", ["position-past-capacity", "negative-position", "page-past-pool", "negative-page"])
+@pytest.mark.parametrize("bad", ["position-past-capacity", "negative-position", "page-past-pool", "negative-page",
+                                 "position-past-capacity-one-page", "negative-position-one-page"])
 def test_rope_into_cache_writes_nothing_through_a_bad_index_and_names_it(backend, bad):
+    """*-one-page: a bad position in a paged cache of one page a row, on the table's last row: its
+    page lookup must read entry 0 of the row or nothing (an index from the bad position, e.g. 1,
+    would read past the table: the interpreter's lane guard names it; rope.py mutant 5dc9e3d306)."""
     paged = bad in ("page-past-pool", "negative-page")
-    qkv, positions, k_cache, v_cache, table = _case(backend.device, torch.float32, (2, 1, 8), N=2, capacity=16,
-                                                    block_size=4 if paged else None, seed=5)
-    if bad == "position-past-capacity":
-        positions[1] = 16
-    elif bad == "negative-position":
+    one_page = bad.endswith("-one-page")
+    capacity = 4 if one_page else 16
+    qkv, positions, k_cache, v_cache, table = _case(backend.device, torch.float32, (2, 1, 8), N=2, capacity=capacity,
+                                                    block_size=4 if paged or one_page else None, seed=5)
+    if bad.startswith("position-past-capacity"):
+        positions[1] = capacity
+    elif bad.startswith("negative-position"):
         positions[1] = -1
     else:
         table[1, int(positions[1]) // 4] = table.numel() + 3 if bad == "page-past-pool" else -1
