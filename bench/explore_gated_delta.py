@@ -28,6 +28,7 @@ SWEEPS = {
     "state": dict(block_v=(16, 32, 64), state_stages=(1, 2, 3)),
     "output": dict(output_bv=(16, 32, 64), output_warps=(4, 8), output_maxnreg=(0,)),
     "order": dict(heads_first=(0, 1, 0, 1)),
+    "output_order": dict(output_v_first=(0, 1, 0, 1, 0, 1)),
 }
 ROWS = ((1, 4096), (8, 4096), (1, 16384))
 

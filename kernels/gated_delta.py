@@ -60,7 +60,8 @@ GPU_PRECISION = "tf32x3"
 # seconds and cut the prepare kernel 7-10 % against tf32x3 (H200, session 21: T 16384 1.925 ->
 # 1.788 ms; the state pass's 64 x 128 products spill 800 bytes as FMA loops: not there).
 _LAUNCH = dict(prepare_warps=None, prepare_bkc=64, state_warps=None, state_stages=2, output_warps=None, output_bv=None,
-               inverse_precision="ieee", output_maxnreg=None, heads_first=True)
+               inverse_precision="ieee", output_maxnreg=None, heads_first=True,
+               output_v_first=True)
 
 
 @triton.jit
@@ -465,21 +466,29 @@ def _gdn_state_kernel(k_ptr, w_ptr, u_ptr, echunk_ptr, kf_ptr, vbad_ptr, h0_ptr,
 
 @triton.jit
 def _gdn_output_kernel(q_ptr, u_ptr, aqk_ptr, qf_ptr, hc_ptr, o_ptr, cu_ptr, co_ptr,
-                       T, Hv, GROUP, Dk, Dv, su, chunks,
+                       T, Hv, GROUP, Dk, Dv, su, chunks, v_blocks,
                        sq_b, sq_t, sq_h, sq_d, so_b, so_t, so_h, varlen,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr,
-                       PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr):
+                       PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, V_FIRST: tl.constexpr):
     """o of one chunk and block of BV value columns, every chunk in parallel:
     O = diag(scale exp(G) / |q|) Q S0 + Aqk V', from the chunk's first state S0 (hc) and V'.
-    Q S0 goes by blocks of 64 state rows, as in the state kernel."""
+    Q S0 goes by blocks of 64 state rows, as in the state kernel. V_FIRST: the grid is
+    (N Hv v_blocks, chunks), a chunk's value blocks side by side, so that its q and Aqk tiles,
+    which each of them reads, come from L2 after the first."""
     KB: tl.constexpr = BK if BK < 64 else 64
-    c, pid = _chunk_program(HEADS_FIRST)
+    if V_FIRST:
+        c = tl.program_id(1)
+        pid = tl.program_id(0) // v_blocks
+        v_block = tl.program_id(0) % v_blocks
+    else:
+        c, pid = _chunk_program(HEADS_FIRST)
+        v_block = tl.program_id(2)
     n, h, hk, b, bos, seq_len = _sequence_of(pid, Hv, GROUP, cu_ptr, T, varlen)
     t0 = c * BT
     if t0 < seq_len:
         offs_t = tl.arange(0, BT)
         offs_kb = tl.arange(0, KB)
-        offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+        offs_v = v_block * BV + tl.arange(0, BV)
         v_ok = offs_v < Dv
         rows = offs_t[:, None]
         pos = bos + t0 + offs_t
@@ -777,10 +786,19 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         # _output_registers' cap) beat 64 (241: 2) by 10 % and 16 (more reads of q) by more (H200,
         # bench/explore_gated_delta.py --kernels output).
         bvo = min(_LAUNCH["output_bv"] or 32, max(16, next_power_of_2(Dv)))
-        _gdn_output_kernel[(N * Hv, chunks, cdiv(Dv, bvo)) if heads_first else (chunks, N * Hv, cdiv(Dv, bvo))](
-            q, u, aqk, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks,
+        v_blocks = cdiv(Dv, bvo)
+        # A chunk's value blocks side by side (V_FIRST), so that the q and Aqk tiles each of them
+        # reads come from L2 after the first: output kernel 0.778 -> 0.747 ms at T 16384, 0.202 ->
+        # 0.194 at T 4096 (H200, session 27, three rounds alternated; explore_gated_delta.py).
+        v_first = heads_first and bool(_LAUNCH["output_v_first"])
+        if v_first:
+            grid = (N * Hv * v_blocks, chunks)
+        else:
+            grid = (N * Hv, chunks, v_blocks) if heads_first else (chunks, N * Hv, v_blocks)
+        _gdn_output_kernel[grid](
+            q, u, aqk, q_f, hc, o, cu, co, T, Hv, Hv // Hk, Dk, Dv, su, chunks, v_blocks,
             *q.stride(), *o.stride()[:3], int(varlen),
-            BT=chunk_size, BK=bk, BV=bvo, EXACT=exact, PRECISION=precision, HEADS_FIRST=heads_first,
+            BT=chunk_size, BK=bk, BV=bvo, EXACT=exact, PRECISION=precision, HEADS_FIRST=heads_first, V_FIRST=v_first,
             num_warps=_LAUNCH["output_warps"] or 4, **_output_registers(bk, exact))
     return o, final
 
