@@ -181,23 +181,26 @@ def test_two_runs_give_the_same_bits(backend):
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
-def test_both_program_orders_give_the_same_bits(backend, monkeypatch):
-    """The chunk kernels' grids put heads first (kernels/gated_delta.py's _chunk_program) unless a
-    sequence has more chunks than a grid's second size allows: that fallback, chunks first, must
-    compute the same bits (a varlen batch with an empty sequence and a bad v: every path runs)."""
+def test_every_program_order_gives_the_same_bits(backend, monkeypatch):
+    """The chunk kernels' grids put heads first (kernels/gated_delta.py's _chunk_program), and the
+    output kernel a chunk's value blocks before its heads, unless a sequence has more chunks than a
+    grid's second size allows: that fallback, chunks first, and value blocks last, must compute the
+    same bits (a varlen batch with an empty sequence, a bad v and two value blocks: every path runs)."""
     lens = [70, 0, 130]
-    q, k, v, g, beta, _ = _inputs(1, sum(lens), 2, 4, 16, 24, "float32", backend.device, seed=11)
+    q, k, v, g, beta, _ = _inputs(1, sum(lens), 2, 4, 16, 40, "float32", backend.device, seed=11)
     v[0, 100, 1, 3] = float("nan")
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=backend.device)
     runs = []
-    for heads_first in (True, False):
+    for heads_first, v_first in ((True, True), (True, False), (False, True)):
         monkeypatch.setitem(gd._LAUNCH, "heads_first", heads_first)
+        monkeypatch.setitem(gd._LAUNCH, "output_v_first", v_first)
         runs.append(kernels.gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True,
                                              use_qk_l2norm=True))
-    (o1, s1), (o2, s2) = runs
+    o1, s1 = runs[0]
     assert o1.isnan().any(), "the bad v must poison some outputs"
-    assert torch.equal(o1.nan_to_num(7.0), o2.nan_to_num(7.0)), "the output depends on the program order"
-    assert torch.equal(s1.nan_to_num(7.0), s2.nan_to_num(7.0)), "the final state depends on the program order"
+    for o2, s2 in runs[1:]:
+        assert torch.equal(o1.nan_to_num(7.0), o2.nan_to_num(7.0)), "the output depends on the program order"
+        assert torch.equal(s1.nan_to_num(7.0), s2.nan_to_num(7.0)), "the final state depends on the program order"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
