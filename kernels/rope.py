@@ -167,14 +167,20 @@ def _tile(H: int, per_head: int) -> tuple[int, int]:
     return block_h, min(8, next_power_of_2(max(1, block_h * per_head // 2048)))
 
 
-def _blocks(H, D, rotary_dim):
-    """(BLOCK_HALF, BLOCK_PASS, pass-through dims, heads per program, warps) of a [*, H, D] launch."""
+def _blocks(H, D, rotary_dim, name="x"):
+    """(BLOCK_HALF, BLOCK_PASS, pass-through dims, heads per program, warps) of a [*, H, D] launch.
+    The head blocks are a grid's second size, at most 65535: more heads raise a ValueError naming
+    the tensor rather than fail to launch."""
     half = rotary_dim // 2
     block_half = next_power_of_2(half)
     n_pass = D - rotary_dim
     block_pass = next_power_of_2(max(n_pass, 1))
     per_head = 2 * block_half + (block_pass if n_pass > 0 else 0)
-    return (block_half, block_pass, n_pass, *_tile(H, per_head))
+    block_h, num_warps = _tile(H, per_head)
+    if cdiv(H, block_h) > 65535:
+        raise ValueError(f"{name}: {H} heads of {D} need {cdiv(H, block_h)} programs a token, more than "
+                         f"a grid's 65535 (at most {65535 * block_h} heads of this size)")
+    return block_half, block_pass, n_pass, block_h, num_warps
 
 
 def _launch(x, positions, w, eps, theta, style, rotary_dim, out, norm, inverse=False):
@@ -368,7 +374,7 @@ def rope_into_cache(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.T
     q = torch.empty((N, q_heads, D), dtype=qkv.dtype, device=qkv.device)
     if N == 0:
         return q
-    block_half, _, _, block_h, num_warps = _blocks(q_heads + 2 * Hkv, D, D)     # rope()'s tiles, every dim turned
+    block_half, _, _, block_h, num_warps = _blocks(q_heads + 2 * Hkv, D, D, "qkv")     # rope()'s tiles, every dim turned
     word = error_word(qkv.device, validate)
     _rope_into_cache_kernel[(N, cdiv(q_heads + 2 * Hkv, block_h))](
         qkv, positions, _inv_freq(theta, D, qkv.device), q, k_cache, v_cache,

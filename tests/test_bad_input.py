@@ -997,6 +997,18 @@ def test_decode_unvalidated_bad_page_of_a_one_page_cache_reads_nothing(dev):
     assert torch.equal(y[1:], ref)
 
 
+@pytest.mark.op("rope")
+def test_rope_refuses_more_head_blocks_than_a_grid_holds(dev):
+    """65536 heads of 4096 (one head a program) would not launch (the grid's y limit): a clear error
+    naming the tensor, from every launcher of rope.py's head-block grids."""
+    x = torch.zeros(1, 1, 1, 4096, device=dev).expand(1, 1, 65536, 4096)
+    pos = torch.zeros(1, 1, dtype=torch.int64, device=dev)
+    with pytest.raises(ValueError, match="x: 65536 heads of 4096 need 65536 programs a token"):
+        kernels.rope(x, pos)
+    with pytest.raises(ValueError, match="x: 65536 heads of 4096"):
+        kernels.rmsnorm_rope_backward(x, x, torch.ones(4096, device=dev), pos)
+
+
 @pytest.mark.op("flash_attention")
 def test_flash_attention_refuses_more_sequences_than_a_grid_holds(dev):
     """65536 varlen sequences would not launch (the grid's z limit): a clear error, not a CUDA one."""

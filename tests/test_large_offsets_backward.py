@@ -247,3 +247,56 @@ def test_rmsnorm_rope_backward_writes_tokens_past_2_31_elements(op, dtype, confi
     _judge_tail(op, (dx[:, -1:],), last, budgets.get(op, dtype, backend.name), f"token {T - 1} of {T}")
     del dy, x, dx
     _release(backend)
+
+
+# rmsnorm_backward (kernels/norms.py): R = 2^16 rows of D = 2^15 + 64 with one row a group (block_rows 1,
+# row_groups R), so dw's fp32 partials [R, D] hold 2^31 + 2^20 elements and the last groups' partial rows
+# start past 2^31 (`pid.to(tl.int64) * D`: mutants 61c20d38e0, 63ba52371d). x and dy are zero but for the
+# last rows: the other rows give dx = 0 and a zero partial exactly, so dw is the last rows' sum alone and
+# the float64 oracle of those rows judges both outputs (a lost or misplaced partial row changes dw).
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("rmsnorm_backward", "float16", "huge",
+                                                          marks=pytest.mark.op("rmsnorm_backward"))])
+def test_rmsnorm_backward_partials_past_2_31_elements(op, dtype, config, backend, budgets):
+    assert backend.name == "gpu", "2^16 programs of 2^15 columns in the interpreter: hours (declared gap interp-huge-rows)"
+    dev = backend.device
+    g = torch.Generator().manual_seed(27)
+    R, D, tail = 2**16, 2**15 + 64, 40
+    dy = torch.zeros(R, D, dtype=torch.float16, device=dev)
+    x = torch.zeros(R, D, dtype=torch.float16, device=dev)
+    for t in (dy, x):
+        t[-tail:] = torch.randn(tail, D, generator=g).half().to(dev)
+    w = torch.randn(D, generator=g).half().to(dev)
+    assert (R - tail) * D >= 2**31
+    dx, dw = kernels.rmsnorm_backward(dy, x, w, 1e-6, block_rows=1, row_groups=R)
+    assert not dx[:-tail].any(), "rmsnorm_backward: dx of zero rows is not zero"
+    _judge_tail(op, (dx[-tail:], dw), {"dy": dy[-tail:].clone(), "x": x[-tail:].clone(), "w": w, "eps": 1e-6},
+                budgets.get(op, dtype, backend.name), f"rows {R - tail}..{R - 1} of {R}, one a group")
+    del dy, x, dx, dw
+    _release(backend)
+
+
+# swiglu_backward (kernels/gemm.py), fp16 (dx by _gemm_sum_kernel): M = 2^15 + 64 rows of K = 2^16, and dy
+# a view [M, 16] of rows 2^16 elements apart, so that dy's last rows (`_swiglu_dz_kernel`'s
+# `offs_m.to(tl.int64) * sdym`: b7bfbbe941, 1628b5d90f) and dx's (`_gemm_sum_kernel`'s `offs_m.to(tl.int64)
+# * scm`: b13e4234c5) start past 2^31 elements. Only the last rows are written and judged: dx's rows depend
+# on their own x and dy rows alone (dw and db sum rows the kernel ran over uninitialised).
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("swiglu_backward", "float16", "huge",
+                                                          marks=pytest.mark.op("swiglu_backward"))])
+def test_swiglu_backward_rows_past_2_31_elements(op, dtype, config, backend, budgets):
+    assert backend.name == "gpu", "2^31 elements in the interpreter: hours (declared gap interp-huge-rows)"
+    dev = backend.device
+    g = torch.Generator().manual_seed(28)
+    M, K, N, tail = 2**15 + 64, 2**16, 16, 24
+    x = torch.empty(M, K, dtype=torch.float16, device=dev)
+    dy = torch.empty(M, K, dtype=torch.float16, device=dev)[:, :N]           # stride (2^16, 1)
+    x[-tail:] = (torch.randn(tail, K, generator=g) / 16).half().to(dev)
+    dy[-tail:] = torch.randn(tail, N, generator=g).half().to(dev)
+    w_gate, w_up = (torch.randn(N, K, generator=g).half().to(dev) for _ in range(2))
+    b_gate, b_up = (torch.randn(N, generator=g).half().to(dev) for _ in range(2))
+    assert dy.stride(0) * (M - tail) >= 2**31 and (M - tail) * K >= 2**31
+    dx = kernels.swiglu_backward(dy, x, w_gate, w_up, b_gate, b_up)[0]
+    tail_inputs = {"dy": dy[-tail:].clone(), "x": x[-tail:].clone(), "w_gate": w_gate, "w_up": w_up,
+                   "b_gate": b_gate, "b_up": b_up, "activation": "silu"}
+    _judge_tail(op, (dx[-tail:],), tail_inputs, budgets.get(op, dtype, backend.name), f"rows {M - tail}..{M - 1}")
+    del x, dy, dx
+    _release(backend)
