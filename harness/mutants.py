@@ -506,6 +506,40 @@ def _imports_models(node) -> bool:
     return False
 
 
+def _op_marks(decorators) -> set:
+    """The ops of `pytest.mark.op("name")` decorators (names given as constants)."""
+    ops = set()
+    for d in decorators:
+        if (isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "op"
+                and _dotted(d.func.value) == "pytest.mark" and d.args and isinstance(d.args[0], ast.Constant)):
+            ops.add(d.args[0].value)
+    return ops
+
+
+def _marked_tests_uses(root: Path) -> dict:
+    """op -> NAME of every `kernels.NAME` that the tests marked with that op use, in their own body
+    or in the module's functions they call."""
+    out = defaultdict(set)
+    for path in sorted((root / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_bytes())
+        functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        for fn in functions.values():
+            ops = _op_marks(fn.decorator_list)
+            if not ops:
+                continue
+            todo, done, uses = [fn], set(), set()
+            while todo:
+                node = todo.pop()
+                if node.name in done:
+                    continue
+                done.add(node.name)
+                uses |= _kernels_attrs(node)
+                todo += [functions[n] for n in _names_in(node) if n in functions]
+            for op in ops:
+                out[op] |= uses
+    return out
+
+
 @lru_cache(maxsize=4)
 def op_map(root: Path = ROOT) -> dict:
     """(kernel module path, name) -> sorted ops that reach it, for every module-level function,
@@ -575,16 +609,27 @@ def op_map(root: Path = ROOT) -> dict:
                 uses |= models_uses
             reach[op] |= {launchers[u] for u in uses if u in launchers}
 
-    used_by = defaultdict(set)
-    for op, starts in reach.items():
-        todo, seen = list(starts), set()
-        while todo:
-            node = todo.pop()
-            if node in seen:
-                continue
-            seen.add(node)
-            used_by[node].add(op)
-            todo += graph.get(node, ())
+    def spread(reach):
+        used_by = defaultdict(set)
+        for op, starts in reach.items():
+            todo, seen = list(starts), set()
+            while todo:
+                node = todo.pop()
+                if node in seen:
+                    continue
+                seen.add(node)
+                used_by[node].add(op)
+                todo += graph.get(node, ())
+        return used_by
+
+    used_by = spread(reach)
+    # A kernel function that no op class reaches but tests marked with an op run (rope_into_cache's,
+    # which tests/test_rope_into_cache.py checks under the decoder's mark) is mutated under that op,
+    # rather than left out of every run; what an op class reaches keeps its ops.
+    tests_reach = {op: {launchers[u] for u in uses if u in launchers} for op, uses in _marked_tests_uses(root).items()}
+    for node, ops in spread(tests_reach).items():
+        if node not in used_by:
+            used_by[node] = ops
     return {node: sorted(ops) for node, ops in used_by.items()}
 
 
