@@ -425,13 +425,14 @@ def test_flash_attention_backward_reads_and_writes_past_2_31_elements(op, dtype,
 
 
 @pytest.mark.op("decoder")
-@pytest.mark.parametrize("layout", ["rows", "slots", "pages"])
+@pytest.mark.parametrize("layout", ["rows", "slots", "pages", "heads"])
 def test_rope_into_cache_writes_slots_past_2_31_elements(layout, backend):
     """The decode step's RoPE + cache write (the decoder's kernel) into slots past 2^31 elements,
     int32 positions and pages: rows, a row index times a row stride below 2^31 (the row must be
     int64); slots, a position times the slot stride past 2^31 (the position must be); pages, a
-    page index times the page stride past 2^31 (the page must be). Caches of 4-8 GiB each: never
-    backed on the CPU but where written."""
+    page index times the page stride past 2^31 (the page must be); heads, caches stored heads
+    outermost, a head index times the head stride past 2^31 (the head must be: mutants 3a746e8f87,
+    44aa6388c8). Caches of 4-8 GiB each: never backed on the CPU but where written."""
     dev = backend.device
     Hq, Hkv, D = 4, 8, 128
     if layout == "rows":
@@ -440,6 +441,10 @@ def test_rope_into_cache_writes_slots_past_2_31_elements(layout, backend):
         where = [(0, S - 1), (1, 5), (2, 7)]
     elif layout == "slots":
         S = 2**21 + 16                              # slot S - 1 of row 0 starts past 2^31
+        cache_shape, table, positions = (2, S, Hkv, D), None, [S - 1, 3]
+        where = [(0, S - 1), (1, 3)]
+    elif layout == "heads":
+        S = 2**20 + 2**18                           # head stride 2 S D: heads 5-7 start past 2^31
         cache_shape, table, positions = (2, S, Hkv, D), None, [S - 1, 3]
         where = [(0, S - 1), (1, 3)]
     else:
@@ -451,8 +456,13 @@ def test_rope_into_cache_writes_slots_past_2_31_elements(layout, backend):
     positions = torch.tensor(positions, dtype=torch.int32, device=dev)
     g = torch.Generator().manual_seed(11)
     qkv = torch.randn(N, (Hq + 2 * Hkv) * D, generator=g).half().to(dev)
-    k_cache = torch.empty(cache_shape, dtype=torch.float16, device=dev)
-    v_cache = torch.empty(cache_shape, dtype=torch.float16, device=dev)
+    if layout == "heads":
+        k_cache, v_cache = (torch.empty(Hkv, 2, S, D, dtype=torch.float16, device=dev).permute(1, 2, 0, 3)
+                            for _ in range(2))
+        assert k_cache.shape == cache_shape and k_cache.stride(2) * (Hkv - 1) >= 2**31
+    else:
+        k_cache = torch.empty(cache_shape, dtype=torch.float16, device=dev)
+        v_cache = torch.empty(cache_shape, dtype=torch.float16, device=dev)
     q = kernels.rope_into_cache(qkv, positions, k_cache, v_cache, Hq, 1e6, block_table=table)
     turned = kernels.rope(qkv[:, :(Hq + Hkv) * D].reshape(1, N, Hq + Hkv, D), positions.view(1, N), 1e6)[0]
     assert torch.equal(q, turned[:, :Hq])
