@@ -154,6 +154,7 @@ def _check_rope_args(x, positions, theta, style, rotary_dim, name="x"):
         raise TypeError(f"rotary_dim: expected an int, got {type(rotary_dim).__name__}")
     if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > D:
         raise ValueError(f"rotary_dim: expected an even number in [2, {D}] (the head dim), got {rotary_dim}")
+    _blocks(x.shape[2], D, rotary_dim, name)        # the head blocks fit a grid (else a ValueError naming x)
     return theta, rotary_dim
 
 
@@ -371,10 +372,10 @@ def rope_into_cache(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.T
         "qkv", qkv.shape[1], N, positions, k_cache, v_cache, q_heads, theta, block_table, validate)
     if qkv.stride(1) != 1:
         qkv = qkv.contiguous()
+    block_half, _, _, block_h, num_warps = _blocks(q_heads + 2 * Hkv, D, D, "qkv")     # rope()'s tiles, every dim turned
     q = torch.empty((N, q_heads, D), dtype=qkv.dtype, device=qkv.device)
     if N == 0:
         return q
-    block_half, _, _, block_h, num_warps = _blocks(q_heads + 2 * Hkv, D, D, "qkv")     # rope()'s tiles, every dim turned
     word = error_word(qkv.device, validate)
     _rope_into_cache_kernel[(N, cdiv(q_heads + 2 * Hkv, block_h))](
         qkv, positions, _inv_freq(theta, D, qkv.device), q, k_cache, v_cache,

@@ -1007,6 +1007,12 @@ def test_rope_refuses_more_head_blocks_than_a_grid_holds(dev):
         kernels.rope(x, pos)
     with pytest.raises(ValueError, match="x: 65536 heads of 4096"):
         kernels.rmsnorm_rope_backward(x, x, torch.ones(4096, device=dev), pos)
+    with pytest.raises(ValueError, match="dy: 65536 heads of 4096"):
+        kernels.rope_backward(x, pos)
+    qkv = torch.empty(1, 65536 * 4096, dtype=torch.float16, device=dev)        # never written nor read
+    k_cache, v_cache = (torch.empty(1, 1, 21845, 4096, dtype=torch.float16, device=dev) for _ in range(2))
+    with pytest.raises(ValueError, match="qkv: 65536 heads of 4096"):
+        kernels.rope_into_cache(qkv, pos[0], k_cache, v_cache, 65536 - 2 * 21845)
 
 
 @pytest.mark.op("flash_attention")
