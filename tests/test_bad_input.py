@@ -1009,10 +1009,15 @@ def test_rope_refuses_more_head_blocks_than_a_grid_holds(dev):
         kernels.rmsnorm_rope_backward(x, x, torch.ones(4096, device=dev), pos)
     with pytest.raises(ValueError, match="dy: 65536 heads of 4096"):
         kernels.rope_backward(x, pos)
+
+
+@pytest.mark.op("decoder")          # rope_into_cache's tests are the decoder's (tests/test_rope_into_cache.py)
+def test_rope_into_cache_refuses_more_head_blocks_than_a_grid_holds(dev):
+    pos = torch.zeros(1, dtype=torch.int64, device=dev)
     qkv = torch.empty(1, 65536 * 4096, dtype=torch.float16, device=dev)        # never written nor read
     k_cache, v_cache = (torch.empty(1, 1, 21845, 4096, dtype=torch.float16, device=dev) for _ in range(2))
     with pytest.raises(ValueError, match="qkv: 65536 heads of 4096"):
-        kernels.rope_into_cache(qkv, pos[0], k_cache, v_cache, 65536 - 2 * 21845)
+        kernels.rope_into_cache(qkv, pos, k_cache, v_cache, 65536 - 2 * 21845)
 
 
 @pytest.mark.op("flash_attention")
