@@ -122,8 +122,9 @@ def _sigmoid_and_slope(v):
 
 @triton.jit
 def activation_grad(z, ACT: tl.constexpr):
-    """The derivative act'(z) of activate(z, ACT) on an fp32 tile, at infinities its limit (1 or 0;
-    relu'(0) = 0 as in PyTorch), NaN at NaN ("none": 1 everywhere).
+    """The derivative act'(z) of activate(z, ACT) on an fp32 tile for the activations that have a
+    backward pass here (gelu, gelu_tanh: bias_gelu; silu too: swiglu), at infinities its limit (1
+    or 0), NaN at NaN.
     gelu: Phi(z) + z phi(z), Phi = 0.5 (1 + erf(z / sqrt 2)) (which cancels for z below about -3:
     an absolute error of ~2^-25, as in the forward), phi(z) = exp(-z^2 / 2) / sqrt(2 pi).
     gelu_tanh: gelu_tanh(z) = z sigmoid(2u), u = sqrt(2/pi) (z + 0.044715 z^3), so its derivative is
@@ -138,13 +139,10 @@ def activation_grad(z, ACT: tl.constexpr):
         s, slope = _sigmoid_and_slope(2.0 * u)
         du = 0.7978845608028654 * (1.0 + 0.134145 * (z * z))
         g = tl.where(slope == 0.0, s, s + (2.0 * z * du) * slope)
-    elif ACT == "silu":
+    else:
+        tl.static_assert(ACT == "silu", "activation_grad: gelu, gelu_tanh or silu")
         s, slope = _sigmoid_and_slope(z)
         g = tl.where(slope == 0.0, s, s + z * slope)
-    elif ACT == "relu":
-        g = tl.where(z > 0.0, 1.0, tl.where(z == z, 0.0, z))
-    else:
-        g = tl.zeros_like(z) + 1.0
     return g
 
 
