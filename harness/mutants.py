@@ -626,7 +626,8 @@ def op_map(root: Path = ROOT) -> dict:
     # A kernel function that no op class reaches but tests marked with an op run (rope_into_cache's,
     # which tests/test_rope_into_cache.py checks under the decoder's mark) is mutated under that op,
     # rather than left out of every run; what an op class reaches keeps its ops.
-    tests_reach = {op: {launchers[u] for u in uses if u in launchers} for op, uses in _marked_tests_uses(root).items()}
+    tests_reach = {op: {launchers[u] for u in uses if u in launchers}
+                   for op, uses in _marked_tests_uses(root).items()}
     for node, ops in spread(tests_reach).items():
         if node not in used_by:
             used_by[node] = ops

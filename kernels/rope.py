@@ -370,9 +370,10 @@ def rope_into_cache(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.T
     N = qkv.shape[0]
     theta, Hkv, D, capacity, block_size, st_b, st_p, num_blocks = check_cache_write(
         "qkv", qkv.shape[1], N, positions, k_cache, v_cache, q_heads, theta, block_table, validate)
+    # rope()'s tiles, every dim turned (and the head blocks checked before anything is copied)
+    block_half, _, _, block_h, num_warps = _blocks(q_heads + 2 * Hkv, D, D, "qkv")
     if qkv.stride(1) != 1:
         qkv = qkv.contiguous()
-    block_half, _, _, block_h, num_warps = _blocks(q_heads + 2 * Hkv, D, D, "qkv")     # rope()'s tiles, every dim turned
     q = torch.empty((N, q_heads, D), dtype=qkv.dtype, device=qkv.device)
     if N == 0:
         return q

@@ -257,7 +257,7 @@ def test_rmsnorm_rope_backward_writes_tokens_past_2_31_elements(op, dtype, confi
 @pytest.mark.parametrize("op,dtype,config", [pytest.param("rmsnorm_backward", "float16", "huge",
                                                           marks=pytest.mark.op("rmsnorm_backward"))])
 def test_rmsnorm_backward_partials_past_2_31_elements(op, dtype, config, backend, budgets):
-    assert backend.name == "gpu", "2^16 programs of 2^15 columns in the interpreter: hours (declared gap interp-huge-rows)"
+    assert backend.name == "gpu", "2^16 programs of 2^15 columns in the interpreter: hours (gap interp-huge-rows)"
     dev = backend.device
     g = torch.Generator().manual_seed(27)
     R, D, tail = 2**16, 2**15 + 64, 40
