@@ -249,14 +249,17 @@ def test_rmsnorm_rope_backward_writes_tokens_past_2_31_elements(op, dtype, confi
     _release(backend)
 
 
-# rmsnorm_backward (kernels/norms.py): R = 2^16 rows of D = 2^15 + 64 with one row a group (block_rows 1,
-# row_groups R), so dw's fp32 partials [R, D] hold 2^31 + 2^20 elements and the last groups' partial rows
-# start past 2^31 (`pid.to(tl.int64) * D`: mutants 61c20d38e0, 63ba52371d). x and dy are zero but for the
-# last rows: the other rows give dx = 0 and a zero partial exactly, so dw is the last rows' sum alone and
-# the float64 oracle of those rows judges both outputs (a lost or misplaced partial row changes dw).
-@pytest.mark.parametrize("op,dtype,config", [pytest.param("rmsnorm_backward", "float16", "huge",
-                                                          marks=pytest.mark.op("rmsnorm_backward"))])
-def test_rmsnorm_backward_partials_past_2_31_elements(op, dtype, config, backend, budgets):
+# rmsnorm_backward and layernorm_backward (kernels/norms.py): R = 2^16 rows of D = 2^15 + 64 with one row a
+# group (block_rows 1, row_groups R), so dw's (and db's) fp32 partials [R, D] hold 2^31 + 2^22 elements and
+# the last groups' partial rows start past 2^31 (`pid.to(tl.int64) * D`: mutants 61c20d38e0, 63ba52371d of
+# rmsnorm's kernel, a357454b1e of layernorm's; the sum of the partials, _sum_row_groups_kernel's
+# `rows.to(tl.int64)`: 5476915875, ea67dc950e). x and dy are zero but for the last rows: the other rows give
+# dx = 0 and zero partials exactly, so dw (and db) are the last rows' sums alone and the float64 oracle of
+# those rows judges every output (a lost or misplaced partial row changes them). rmsnorm's case killed its
+# two mutants on the H200 (session 27); layernorm's was written after the session's device time ran out.
+@pytest.mark.parametrize("op,dtype,config", [pytest.param(op, "float16", "huge", marks=pytest.mark.op(op))
+                                             for op in ("rmsnorm_backward", "layernorm_backward")])
+def test_norm_backward_partials_past_2_31_elements(op, dtype, config, backend, budgets):
     assert backend.name == "gpu", "2^16 programs of 2^15 columns in the interpreter: hours (gap interp-huge-rows)"
     dev = backend.device
     g = torch.Generator().manual_seed(27)
@@ -267,11 +270,18 @@ def test_rmsnorm_backward_partials_past_2_31_elements(op, dtype, config, backend
         t[-tail:] = torch.randn(tail, D, generator=g).half().to(dev)
     w = torch.randn(D, generator=g).half().to(dev)
     assert (R - tail) * D >= 2**31
-    dx, dw = kernels.rmsnorm_backward(dy, x, w, 1e-6, block_rows=1, row_groups=R)
-    assert not dx[:-tail].any(), "rmsnorm_backward: dx of zero rows is not zero"
-    _judge_tail(op, (dx[-tail:], dw), {"dy": dy[-tail:].clone(), "x": x[-tail:].clone(), "w": w, "eps": 1e-6},
-                budgets.get(op, dtype, backend.name), f"rows {R - tail}..{R - 1} of {R}, one a group")
-    del dy, x, dx, dw
+    tail_inputs = {"dy": dy[-tail:].clone(), "x": x[-tail:].clone(), "w": w}
+    if op == "rmsnorm_backward":
+        got = kernels.rmsnorm_backward(dy, x, w, 1e-6, block_rows=1, row_groups=R)
+        tail_inputs["eps"] = 1e-6
+    else:
+        b = torch.randn(D, generator=g).half().to(dev)
+        got = kernels.layernorm_backward(dy, x, w, b, 1e-5, block_rows=1, row_groups=R)
+        tail_inputs.update(b=b, eps=1e-5)
+    assert not got[0][:-tail].any(), f"{op}: dx of zero rows is not zero"
+    _judge_tail(op, (got[0][-tail:], *got[1:]), tail_inputs, budgets.get(op, dtype, backend.name),
+                f"rows {R - tail}..{R - 1} of {R}, one a group")
+    del dy, x, got
     _release(backend)
 
 
@@ -298,5 +308,35 @@ def test_swiglu_backward_rows_past_2_31_elements(op, dtype, config, backend, bud
     tail_inputs = {"dy": dy[-tail:].clone(), "x": x[-tail:].clone(), "w_gate": w_gate, "w_up": w_up,
                    "b_gate": b_gate, "b_up": b_up, "activation": "silu"}
     _judge_tail(op, (dx[-tail:],), tail_inputs, budgets.get(op, dtype, backend.name), f"rows {M - tail}..{M - 1}")
+    del x, dy, dx
+    _release(backend)
+
+
+# swiglu_backward (kernels/gemm.py), bf16: dz is also stored transposed (dz^T [2N, M padded]) for dw's GEMMs.
+# N = 2^15 columns of M = 2^16 + 64 rows, so that dz^T's last gate rows and every up row start past 2^31
+# elements (`_swiglu_dz_kernel`'s `offs_n.to(tl.int64) * sdzt` and `(offs_n + N).to(tl.int64) * sdzt`:
+# b75ab9a8fb, c2b3acd863, 970e84c4af, 659f11a964). x and dy are zero but for the last rows, whose dz are then
+# the only nonzero ones: dw = dz^T x is their sum alone, and the float64 oracle of those rows judges dx's last
+# rows and both dw entire (a misplaced dz^T row changes its dw row). Written after session 27's device time ran
+# out (its logic checked on the interpreter at M 40, N 16).
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("swiglu_backward", "bfloat16", "huge",
+                                                          marks=pytest.mark.op("swiglu_backward"))])
+def test_swiglu_backward_transposed_dz_past_2_31_elements(op, dtype, config, backend, budgets):
+    assert backend.name == "gpu", "2^31 elements in the interpreter: hours (declared gap interp-huge-rows)"
+    dev = backend.device
+    g = torch.Generator().manual_seed(29)
+    M, K, N, tail = 2**16 + 64, 16, 2**15, 8
+    x = torch.zeros(M, K, dtype=torch.bfloat16, device=dev)
+    dy = torch.zeros(M, N, dtype=torch.bfloat16, device=dev)
+    x[-tail:] = torch.randn(tail, K, generator=g).bfloat16().to(dev)
+    dy[-tail:] = torch.randn(tail, N, generator=g).bfloat16().to(dev)
+    w_gate, w_up = (torch.randn(N, K, generator=g).bfloat16().to(dev) for _ in range(2))
+    b_gate, b_up = (torch.randn(N, generator=g).bfloat16().to(dev) for _ in range(2))
+    assert (N - 2) * M >= 2**31
+    dx, dw_gate, dw_up, _, _ = kernels.swiglu_backward(dy, x, w_gate, w_up, b_gate, b_up)
+    tail_inputs = {"dy": dy[-tail:].clone(), "x": x[-tail:].clone(), "w_gate": w_gate, "w_up": w_up,
+                   "b_gate": b_gate, "b_up": b_up, "activation": "silu"}
+    _judge_tail(op, (dx[-tail:], dw_gate, dw_up), tail_inputs, budgets.get(op, dtype, backend.name),
+                f"dz^T rows past 2^31 elements (M {M}, N {N})")
     del x, dy, dx
     _release(backend)
