@@ -285,58 +285,43 @@ def test_norm_backward_partials_past_2_31_elements(op, dtype, config, backend, b
     _release(backend)
 
 
-# swiglu_backward (kernels/gemm.py), fp16 (dx by _gemm_sum_kernel): M = 2^15 + 64 rows of K = 2^16, and dy
-# a view [M, 16] of rows 2^16 elements apart, so that dy's last rows (`_swiglu_dz_kernel`'s
-# `offs_m.to(tl.int64) * sdym`: b7bfbbe941, 1628b5d90f) and dx's (`_gemm_sum_kernel`'s `offs_m.to(tl.int64)
-# * scm`: b13e4234c5) start past 2^31 elements. Only the last rows are written and judged: dx's rows depend
-# on their own x and dy rows alone (dw and db sum rows the kernel ran over uninitialised).
-@pytest.mark.parametrize("op,dtype,config", [pytest.param("swiglu_backward", "float16", "huge",
-                                                          marks=pytest.mark.op("swiglu_backward"))])
-def test_swiglu_backward_rows_past_2_31_elements(op, dtype, config, backend, budgets):
+# swiglu_backward (kernels/gemm.py), two layouts; only the last `tail` rows of x and dy carry values.
+# - rows (fp16, dx by _gemm_sum_kernel): M = 2^15 + 64 rows of K = 2^16, dy a view [M, 16] of rows 2^16
+#   elements apart, so that dy's last rows (`_swiglu_dz_kernel`'s `offs_m.to(tl.int64) * sdym`: b7bfbbe941,
+#   1628b5d90f) and dx's (`_gemm_sum_kernel`'s `offs_m.to(tl.int64) * scm`: b13e4234c5) start past 2^31
+#   elements. The other rows stay uninitialised: dx's last rows depend on their own x and dy alone, and
+#   only they are judged (dw and db sum rows the kernel ran over uninitialised).
+# - transposed_dz (bf16, dz also stored as dz^T [2N, M padded] for dw's GEMMs): N = 2^15 columns of
+#   M = 2^16 + 64 rows, so that dz^T's last gate rows and every up row start past 2^31 elements
+#   (`offs_n.to(tl.int64) * sdzt`, `(offs_n + N).to(tl.int64) * sdzt`: b75ab9a8fb, c2b3acd863, 970e84c4af,
+#   659f11a964). The other rows are zero, so their dz are zero and dw = dz^T x is the last rows' sum alone:
+#   the float64 oracle of those rows judges both dw entire too (a misplaced dz^T row changes its dw row).
+#   Written after session 27's device time ran out (checked on the interpreter at M 40, N 16).
+@pytest.mark.parametrize("op,dtype,config,layout", [
+    pytest.param("swiglu_backward", dt, "huge", lay, id=lay, marks=pytest.mark.op("swiglu_backward"))
+    for dt, lay in (("float16", "rows"), ("bfloat16", "transposed_dz"))])
+def test_swiglu_backward_past_2_31_elements(op, dtype, config, layout, backend, budgets):
     assert backend.name == "gpu", "2^31 elements in the interpreter: hours (declared gap interp-huge-rows)"
-    dev = backend.device
+    dev, dt = backend.device, getattr(torch, dtype)
     g = torch.Generator().manual_seed(28)
-    M, K, N, tail = 2**15 + 64, 2**16, 16, 24
-    x = torch.empty(M, K, dtype=torch.float16, device=dev)
-    dy = torch.empty(M, K, dtype=torch.float16, device=dev)[:, :N]           # stride (2^16, 1)
-    x[-tail:] = (torch.randn(tail, K, generator=g) / 16).half().to(dev)
-    dy[-tail:] = torch.randn(tail, N, generator=g).half().to(dev)
-    w_gate, w_up = (torch.randn(N, K, generator=g).half().to(dev) for _ in range(2))
-    b_gate, b_up = (torch.randn(N, generator=g).half().to(dev) for _ in range(2))
-    assert dy.stride(0) * (M - tail) >= 2**31 and (M - tail) * K >= 2**31
-    dx = kernels.swiglu_backward(dy, x, w_gate, w_up, b_gate, b_up)[0]
-    tail_inputs = {"dy": dy[-tail:].clone(), "x": x[-tail:].clone(), "w_gate": w_gate, "w_up": w_up,
-                   "b_gate": b_gate, "b_up": b_up, "activation": "silu"}
-    _judge_tail(op, (dx[-tail:],), tail_inputs, budgets.get(op, dtype, backend.name), f"rows {M - tail}..{M - 1}")
-    del x, dy, dx
-    _release(backend)
-
-
-# swiglu_backward (kernels/gemm.py), bf16: dz is also stored transposed (dz^T [2N, M padded]) for dw's GEMMs.
-# N = 2^15 columns of M = 2^16 + 64 rows, so that dz^T's last gate rows and every up row start past 2^31
-# elements (`_swiglu_dz_kernel`'s `offs_n.to(tl.int64) * sdzt` and `(offs_n + N).to(tl.int64) * sdzt`:
-# b75ab9a8fb, c2b3acd863, 970e84c4af, 659f11a964). x and dy are zero but for the last rows, whose dz are then
-# the only nonzero ones: dw = dz^T x is their sum alone, and the float64 oracle of those rows judges dx's last
-# rows and both dw entire (a misplaced dz^T row changes its dw row). Written after session 27's device time ran
-# out (its logic checked on the interpreter at M 40, N 16).
-@pytest.mark.parametrize("op,dtype,config", [pytest.param("swiglu_backward", "bfloat16", "huge",
-                                                          marks=pytest.mark.op("swiglu_backward"))])
-def test_swiglu_backward_transposed_dz_past_2_31_elements(op, dtype, config, backend, budgets):
-    assert backend.name == "gpu", "2^31 elements in the interpreter: hours (declared gap interp-huge-rows)"
-    dev = backend.device
-    g = torch.Generator().manual_seed(29)
-    M, K, N, tail = 2**16 + 64, 16, 2**15, 8
-    x = torch.zeros(M, K, dtype=torch.bfloat16, device=dev)
-    dy = torch.zeros(M, N, dtype=torch.bfloat16, device=dev)
-    x[-tail:] = torch.randn(tail, K, generator=g).bfloat16().to(dev)
-    dy[-tail:] = torch.randn(tail, N, generator=g).bfloat16().to(dev)
-    w_gate, w_up = (torch.randn(N, K, generator=g).bfloat16().to(dev) for _ in range(2))
-    b_gate, b_up = (torch.randn(N, generator=g).bfloat16().to(dev) for _ in range(2))
-    assert (N - 2) * M >= 2**31
+    if layout == "rows":
+        M, K, N, tail = 2**15 + 64, 2**16, 16, 24
+        x = torch.empty(M, K, dtype=dt, device=dev)
+        dy = torch.empty(M, K, dtype=dt, device=dev)[:, :N]           # stride (2^16, 1)
+        assert dy.stride(0) * (M - tail) >= 2**31 and (M - tail) * K >= 2**31
+    else:
+        M, K, N, tail = 2**16 + 64, 16, 2**15, 8
+        x = torch.zeros(M, K, dtype=dt, device=dev)
+        dy = torch.zeros(M, N, dtype=dt, device=dev)
+        assert (N - 2) * M >= 2**31
+    x[-tail:] = (torch.randn(tail, K, generator=g) / K**0.25).to(dt).to(dev)
+    dy[-tail:] = torch.randn(tail, N, generator=g).to(dt).to(dev)
+    w_gate, w_up = (torch.randn(N, K, generator=g).to(dt).to(dev) for _ in range(2))
+    b_gate, b_up = (torch.randn(N, generator=g).to(dt).to(dev) for _ in range(2))
     dx, dw_gate, dw_up, _, _ = kernels.swiglu_backward(dy, x, w_gate, w_up, b_gate, b_up)
+    judged = (dx[-tail:],) if layout == "rows" else (dx[-tail:], dw_gate, dw_up)
     tail_inputs = {"dy": dy[-tail:].clone(), "x": x[-tail:].clone(), "w_gate": w_gate, "w_up": w_up,
                    "b_gate": b_gate, "b_up": b_up, "activation": "silu"}
-    _judge_tail(op, (dx[-tail:], dw_gate, dw_up), tail_inputs, budgets.get(op, dtype, backend.name),
-                f"dz^T rows past 2^31 elements (M {M}, N {N})")
+    _judge_tail(op, judged, tail_inputs, budgets.get(op, dtype, backend.name), f"{layout}: rows {M - tail}..{M - 1}")
     del x, dy, dx
     _release(backend)
