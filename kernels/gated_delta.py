@@ -279,12 +279,15 @@ def _gdn_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_p
         G = tl.cumsum(g, axis=0)
         decay = tl.where(causal, tl.exp(seg), 0.0)
         to_end = tl.sum(tl.where(rows == BT - 1, seg, 0.0), axis=0)              # sum_{t > j} g_t
-        # One division by the product of the two norms (two roundings, as two divisions would
-        # be, at half their instructions: a correctly rounded division is some 20 a tile element)
-        kk = tl.math.div_rn(kk, k_norm[:, None] * k_norm[None, :])
+        # The norms' reciprocals, one correctly rounded division a row, multiplied in: four roundings
+        # an element where a division by the product has two, at far fewer instructions (a
+        # division is some 20 a tile element; H200, session 28: prepare 1.14 -> 1.02 ms at T 16384)
+        r_k = tl.math.div_rn(tl.full([BT], 1.0, tl.float32), k_norm)
+        r_q = tl.math.div_rn(tl.full([BT], 1.0, tl.float32), q_norm)
+        kk = kk * r_k[:, None] * r_k[None, :]
         A = tl.where(cols < rows, beta[:, None] * kk * decay, 0.0)
         # The masked scores now, so that qk and decay are not held through the inverse.
-        qk = tl.math.div_rn(qk, q_norm[:, None] * k_norm[None, :])
+        qk = qk * r_q[:, None] * r_k[None, :]
         tl.store(aqk_ptr + (row * Hv + h)[:, None] * BT + cols, qk * decay * scale, mask=t_ok[:, None])
         Tm = _unit_lower_inverse(A, BT, LOG2_BT, INV_PRECISION)
 
