@@ -20,6 +20,9 @@ complete per-op table). Per (mutant, op) the verdict is:
                type or shape error) - it says nothing about the tests
     crashed    the test process died or pytest could not run (exit 2-5, a signal)
 
+With -k, an op none of whose tests the expression selects (pytest exit 5) says nothing about the
+mutant: that op's run is dropped, and a mutant that no op judged is left out of the report.
+
 A mutant's verdict is the strongest of its ops' (invalid > killed > gate > timeout > crashed >
 survived); mutants listed in the equivalents file (results/mutation/equivalent.toml: id ->
 reason) are reported as `equivalent` and not run. The mutation score is killed / (mutants -
@@ -68,6 +71,8 @@ BASELINES = {"interpreter": "results/baselines/interpreter.json"}
 EXIT_USAGE, EXIT_RED = 2, 3
 EXIT_WALL = 4        # --wall passed before the unmutated tree's runs ended
 EXIT_GATE = 6        # harness/baseline.py EXIT_REGRESSION: every test passed, the gate failed
+EXIT_NO_TESTS = 5    # pytest: no test collected (with -k: none of this op's tests selected)
+NOT_SELECTED = "not selected"       # a Run's status only: dropped from the mutant's runs
 
 KILLED, GATE, SURVIVED, TIMEOUT, INVALID, CRASHED, EQUIVALENT = (
     "killed", "gate", "survived", "timeout", "invalid", "crashed", "equivalent")
@@ -103,12 +108,15 @@ class Result:
         return sum(r.seconds for r in self.runs.values())
 
 
-def classify(returncode: int | None, timed_out: bool, report: dict | None) -> tuple[str, str | None, str]:
+def classify(returncode: int | None, timed_out: bool, report: dict | None,
+             keyword: str | None = None) -> tuple[str, str | None, str]:
     """(status, first failing test, detail) of one mutant run from pytest's exit status and the
     report tests/mutant_plugin.py wrote."""
     failure = (report or {}).get("first_failure")
     if timed_out:
         return TIMEOUT, None, ""
+    if returncode == EXIT_NO_TESTS and keyword:
+        return NOT_SELECTED, None, f"-k {keyword!r} selected none of this op's tests"
     if returncode == 0:
         return SURVIVED, None, ""
     if returncode == 1:
@@ -248,7 +256,7 @@ def run_tree(tree: Path, op: str, backend: str, baseline: str | None, timeout: f
                 _live.discard(proc)
     seconds = time.monotonic() - start
     report = json.loads(report_path.read_text()) if report_path.is_file() else None
-    status, killer, detail = classify(returncode, timed_out, report)
+    status, killer, detail = classify(returncode, timed_out, report, keyword)
     if status == CRASHED:
         tail = (tree / ".mutant-log.txt").read_text(errors="replace").strip().splitlines()[-3:]
         detail = " | ".join([detail] + tail)[:500]
@@ -591,9 +599,14 @@ def run_command(argv=None) -> int:
                 if _stopping.is_set():      # --wall, SIGTERM or Ctrl-C killed it: no verdict, left unrun
                     r.runs.clear()
                     return
+                if run.status == NOT_SELECTED:
+                    continue
                 r.runs[op] = run
                 if run.status in (KILLED, INVALID) and not args.every_op:
                     break
+            if not r.runs:
+                print(f"{r.mutant.id}: -k selected none of its ops' tests: left unrun", flush=True)
+                return
             r.status = combine(run.status for run in r.runs.values())
             with print_lock:
                 finished.add(id(r))
@@ -621,9 +634,15 @@ def run_command(argv=None) -> int:
             signal.signal(signal.SIGTERM, previous)
     unrun = {id(r) for r in to_run if not r.runs}
     if unrun:
-        limit = f"--wall {args.wall:g} s" if wall_hit.is_set() else f"--deadline {args.deadline:.0f} s"
-        print(f"kernelcheck-mutate: {limit} passed; {len(unrun)} mutants left unrun "
-              f"(not in the report)", flush=True)
+        why = []
+        if wall_hit.is_set():
+            why.append(f"--wall {args.wall:g} s passed")
+        elif args.deadline:
+            why.append(f"--deadline {args.deadline:.0f} s passed")
+        if args.keyword:
+            why.append("-k selected none of their ops' tests")
+        print(f"kernelcheck-mutate: {len(unrun)} mutants left unrun ({' or '.join(why)}; "
+              "not in the report)", flush=True)
         results = [r for r in results if id(r) not in unrun]
         to_run = [r for r in to_run if id(r) not in unrun]
     for r in to_run:

@@ -262,20 +262,23 @@ def test_the_gated_delta_chunk_kernels_are_no_blind_spot(tool):
         assert tool.mutants.ops_using("kernels/gated_delta.py", kernel) == ["gated_delta_rule"], kernel
 
 
-@pytest.mark.parametrize("returncode,timed_out,failure,status", [
-    (0, False, None, "survived"),
+@pytest.mark.parametrize("returncode,timed_out,failure,keyword,status", [
+    (0, False, None, None, "survived"),
     (1, False, {"test": "t::a", "exception": "AssertionError", "message": "m", "refused_by_triton": False},
-     "killed"),
+     None, "killed"),
     (1, False, {"test": "t::a", "exception": "ValueError", "message": "m", "refused_by_triton": True},
-     "invalid"),
-    (6, False, None, "gate"),
-    (None, True, None, "timeout"),
-    (-9, True, None, "timeout"),
-    (4, False, None, "crashed"),
-    (-11, False, None, "crashed"),
+     None, "invalid"),
+    (6, False, None, None, "gate"),
+    (None, True, None, None, "timeout"),
+    (-9, True, None, None, "timeout"),
+    (4, False, None, None, "crashed"),
+    (5, False, None, None, "crashed"),
+    (5, False, None, "past_2_31", "not selected"),     # -k left this op no test: no verdict from it
+    (-11, False, None, None, "crashed"),
 ])
-def test_classification_of_pytest_exits(tool, returncode, timed_out, failure, status):
-    got, killer, _ = tool.mutate.classify(returncode, timed_out, {"first_failure": failure} if failure else None)
+def test_classification_of_pytest_exits(tool, returncode, timed_out, failure, keyword, status):
+    got, killer, _ = tool.mutate.classify(returncode, timed_out, {"first_failure": failure} if failure else None,
+                                          keyword)
     assert got == status
     assert killer == (failure["test"] if failure else None)
 
@@ -398,6 +401,25 @@ def test_skip_clean_runs_no_unmutated_tree_and_leaves_the_decoder_last(tool, mon
     assert tool.mutate.main(argv + ["--timeout", "30"]) == 0
     assert None not in [m for m, _ in runs.pairs]
     assert [op for _, op in runs.pairs][-1] == "decoder" and len(runs.pairs) == len(ops)
+
+
+def test_ops_that_k_leaves_no_test_give_no_verdict(tool, tmp_path, monkeypatch, capsys):
+    """With -k, an op none of whose tests is selected (pytest exit 5) is dropped from the mutant's
+    runs (it was reported as crashed); a mutant no op judged is left out of the report."""
+    monkeypatch.chdir(ROOT)
+    first, second = [m.id for m in tool.mutants.enumerate_mutants(DEVICE) if m.function == "kahan_add"][:2]
+    ops = _kahan_ops(tool)
+    unselected = {(mid, op): "not selected" for mid in (first, second) for op in ops if op != ops[0] or mid == second}
+    runs = _TimedRuns(tool.mutate, {**unselected, (first, ops[0]): "killed"}, dict.fromkeys(ops, 1.0))
+    monkeypatch.setattr(tool.mutate, "run_mutant", runs)
+    out = tmp_path / "r.json"
+    argv = ["kernels/_device.py", "--only", first, "--only", second, "--jobs", "1", "--skip-clean", "--timeout", "30",
+            "-k", "past_2_31", "--json", str(out)]
+    assert tool.mutate.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert [(m["id"], m["status"], list(m["runs"])) for m in report["mutants"]] == [(first, "killed", [ops[0]])]
+    assert report["meta"]["unrun"] == 1
+    assert "1 mutants left unrun (-k selected none of their ops' tests" in capsys.readouterr().out
 
 
 def test_a_red_unmutated_tree_stops_the_run(tool, monkeypatch, capsys):
@@ -574,7 +596,7 @@ def test_wall_stops_the_run_and_leaves_the_interrupted_mutants_unrun(tool, tmp_p
     report = json.loads(out.read_text())
     assert {m["id"]: m["status"] for m in report["mutants"]} == {ids[0]: "killed"}
     assert report["meta"]["unrun"] == 2 and "partial" not in report["meta"]
-    assert "--wall 3 s passed; 2 mutants left unrun" in capsys.readouterr().out
+    assert "2 mutants left unrun (--wall 3 s passed;" in capsys.readouterr().out
     # The next run starts afresh: the wall of this one does not stop it.
     monkeypatch.setattr(tool.mutate, "run_mutant", _Runs(tool.mutate))
     assert tool.mutate.main(argv[:-4]) == 0
