@@ -145,6 +145,35 @@ def test_flash_attention_backward_writes_keys_past_2_31_elements(op, dtype, conf
     torch.cuda.empty_cache()
 
 
+# flash_attention_backward's lse reads: the caller's lse may have any strides, and row r of a
+# sequence is read at r * lse's token stride (_row_stats). With that stride 2^25 (one fp32 storage of
+# Tq 2^25 elements, 10.7-17 GB, only the Tq entries written), rows 64 and later sit past 2^31,
+# reached only through int64 rows: the dq kernel's masked read (mutant 496c71fc44) at Tq 80, and
+# the dk/dv kernel's unmasked one too where Tq fills its row tiles (Tq 128).
+@pytest.mark.parametrize("op,dtype,config,tq", [pytest.param("flash_attention_backward", "float16", "huge", tq,
+                                                             id=f"tq{tq}", marks=pytest.mark.op("flash_attention_backward"))
+                                                for tq in (80, 128)])
+def test_flash_attention_backward_reads_lse_rows_past_2_31_elements(op, dtype, config, tq, backend, budgets):
+    """One head of D 64, Tq = Tk, not causal; lse a view with token stride 2^25 into a storage
+    of which only its Tq entries are written: every gradient judged against the float64 oracle."""
+    assert backend.name == "gpu", "a 10-17 GB lse storage (declared gap interp-huge-rows)"
+    import oracles
+
+    dev, g = backend.device, torch.Generator().manual_seed(31)
+    D, stride = 64, 2**25
+    q, k, v, do = (torch.randn(1, tq, 1, D, generator=g).half().to(dev) for _ in range(4))
+    o, lse = oracles.flash_attention(q, k, v, False)
+    lse_view = torch.empty(tq * stride, dtype=torch.float32, device=dev).as_strided((1, 1, tq), (0, 0, stride))
+    lse_view.copy_(lse.float().reshape(1, 1, tq))
+    assert lse_view.stride(2) * (tq - 1) >= 2**31
+    dq, dk, dv = kernels.flash_attention_backward(q, k, v, o.half(), lse_view, do)
+    inputs = {"q": q, "k": k, "v": v, "causal": False, "scale": None, "cu_seqlens_q": None, "cu_seqlens_k": None,
+              "do": do}
+    _judge_tail(op, (dq, dk, dv), inputs, budgets.get(op, dtype, backend.name), f"lse token stride {stride}")
+    del lse_view, dq, dk, dv
+    torch.cuda.empty_cache()
+
+
 # bias_gelu_backward (kernels/activations.py), two layouts, each GPU-only:
 # rows: one column of 2^31 + 64 rows (dout, y, dy 4.3 GB each in fp16), no bias: the last row tile
 #   starts past 2^31, a row index only an int64 group start forms (`first = tl.program_id(0).to(tl.int64)
