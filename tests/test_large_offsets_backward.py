@@ -278,6 +278,33 @@ def test_rmsnorm_rope_backward_writes_tokens_past_2_31_elements(op, dtype, confi
     _release(backend)
 
 
+# rmsnorm_rope_backward's head offset (`h.to(tl.int64) * D`, mutant 3bc143b0af): one token's H D must pass
+# 2^31 within 65535 head programs, so heads of D 32770 (rotary_dim 64, the rest passed through: one head a
+# program) and H 65534: the last head starts 2^31 + 32762 elements in (x, dy and dx 4.3 GB each in fp16).
+# Only the last head's dx is judged (the others run over uninitialised memory; dw sums them all).
+@pytest.mark.parametrize("op,dtype,config", [pytest.param("rmsnorm_rope_backward", "float16", "huge",
+                                                          marks=pytest.mark.op("rmsnorm_rope_backward"))])
+def test_rmsnorm_rope_backward_writes_heads_past_2_31_elements(op, dtype, config, backend, budgets):
+    assert backend.name == "gpu", "65534 programs of 32770-element heads in the interpreter (declared gap interp-huge-rows)"
+    _rmsnorm_rope_last_head(op, dtype, backend, budgets, H=65534, D=32770, rotary_dim=64)
+
+
+def _rmsnorm_rope_last_head(op, dtype, backend, budgets, H, D, rotary_dim):
+    dev, g = backend.device, torch.Generator().manual_seed(28)
+    dy = torch.empty(1, 1, H, D, dtype=torch.float16, device=dev)
+    x = torch.empty(1, 1, H, D, dtype=torch.float16, device=dev)
+    for t in (dy, x):
+        t[0, 0, -1] = torch.randn(D, generator=g).half().to(dev)
+    w = torch.randn(D, generator=g).half().to(dev)
+    positions = torch.full((1, 1), 4095, dtype=torch.int64, device=dev)
+    dx, _ = kernels.rmsnorm_rope_backward(dy, x, w, positions, rotary_dim=rotary_dim)
+    last = {"dy": dy[:, :, -1:].clone(), "x": x[:, :, -1:].clone(), "w": w, "positions": positions, "eps": 1e-6,
+            "theta": 10000.0, "style": "neox", "rotary_dim": rotary_dim}
+    _judge_tail(op, (dx[:, :, -1:],), last, budgets.get(op, dtype, backend.name), f"head {H - 1} of {H}, D {D}")
+    del dy, x, dx
+    _release(backend)
+
+
 # rmsnorm_backward and layernorm_backward (kernels/norms.py): R = 2^16 rows of D = 2^15 + 64 with one row a
 # group (block_rows 1, row_groups R), so dw's (and db's) fp32 partials [R, D] hold 2^31 + 2^22 elements and
 # the last groups' partial rows start past 2^31 (`pid.to(tl.int64) * D`: mutants 61c20d38e0, 63ba52371d of
