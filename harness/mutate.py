@@ -385,6 +385,10 @@ def parse_args(argv):
                    help="only these ops' tests, and only mutants of functions they run (repeatable)")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="a random sample of N mutants")
     p.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
+    p.add_argument("--not-run-in", action="append", default=[], metavar="DIR|RUN.json",
+                   help="only mutants that no verdict in these runs' JSON files (a folder: its *.json) covers and "
+                        "that are not listed as equivalent, before --sample (results/mutation/runs: what the report "
+                        "counts as not run); repeatable")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutant runs at a time (default: cores)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="per mutant and op (default: 3 x the unmutated run of that op + 30 s, at least 60 s)")
@@ -434,7 +438,18 @@ def impl_ops(specs, root: Path) -> list[str]:
         sys.path.remove(str(root))
 
 
-def select(args, root: Path) -> tuple[list[Path], list[Result]]:
+def judged_ids(paths) -> set[str]:
+    """The mutant ids that some run among `paths` (kernelcheck-mutate JSON files, or folders of them)
+    gave a verdict."""
+    from harness.mutation_report import strongest_verdicts
+    files = [f for p in map(Path, paths) for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    try:
+        return {mid for _, mid in strongest_verdicts(files)}
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"--not-run-in: not a kernelcheck-mutate run file: {e}") from None
+
+
+def select(args, root: Path, equivalents=()) -> tuple[list[Path], list[Result]]:
     if args.impl and not args.files:
         raise UsageError("--impl: name the implementation's source files to mutate")
     files = [Path(f) if Path(f).is_absolute() else Path.cwd() / f for f in args.files] or default_files(root)
@@ -467,6 +482,9 @@ def select(args, root: Path) -> tuple[list[Path], list[Result]]:
         if missing:
             raise UsageError(f"--only {', '.join(missing)}: no such mutant among the selected")
         results = [r for r in results if r.mutant.id in set(args.only)]
+    if args.not_run_in:
+        seen = judged_ids(args.not_run_in) | set(equivalents)
+        results = [r for r in results if r.mutant.id not in seen]
     if args.sample is not None and args.sample < len(results):
         keep = set(random.Random(args.seed).sample(range(len(results)), args.sample))
         results = [r for i, r in enumerate(results) if i in keep]
@@ -486,8 +504,8 @@ def run_command(argv=None) -> int:
     root = Path(args.root or (Path.cwd() if args.impl else ROOT)).resolve()
     specs = tuple(args.impl)
     try:
-        files, results = select(args, root)
         equivalents = load_equivalents(root / args.equivalents)
+        files, results = select(args, root, equivalents)
     except (UsageError, tomllib.TOMLDecodeError, mutant_source.MutationError, SyntaxError) as e:
         print(f"kernelcheck-mutate: {e}", file=sys.stderr)
         return EXIT_USAGE

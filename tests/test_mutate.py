@@ -422,6 +422,30 @@ def test_ops_that_k_leaves_no_test_give_no_verdict(tool, tmp_path, monkeypatch, 
     assert "1 mutants left unrun (-k selected none of their ops' tests" in capsys.readouterr().out
 
 
+def test_not_run_in_leaves_out_judged_and_equivalent_mutants(tool, tmp_path, monkeypatch, capsys):
+    """--not-run-in: only the mutants no given run judged and the equivalents file does not list,
+    before --sample (what the report counts as not run)."""
+    monkeypatch.chdir(ROOT)
+    ids = [m.id for m in tool.mutants.enumerate_mutants(SOFTMAX)][:4]
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"meta": {"backend": "interpreter", "date": "2026-11-30"}, "mutants": [
+        {"id": ids[0], "status": "killed", "runs": {"softmax": {"status": "killed"}}},
+        {"id": ids[1], "status": "survived", "runs": {}}]}))        # interrupted: no verdict
+    equivalents = tmp_path / "equivalent.toml"
+    equivalents.write_text(f'[{ids[2]}]\nreason = "it changes nothing"\n')
+
+    def listed(*argv):
+        assert tool.mutate.main(["--list", "kernels/softmax.py", "--equivalents", str(equivalents), *argv]) == 0
+        return [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+
+    every = listed()
+    left = listed("--not-run-in", str(run))
+    assert left == [i for i in every if i not in (ids[0], ids[2])] and ids[1] in left
+    assert listed("--not-run-in", str(tmp_path)) == left                 # a folder: its *.json
+    assert set(listed("--not-run-in", str(run), "--sample", "3", "--seed", "1")) < set(left)
+    assert tool.mutate.main(["--list", "kernels/softmax.py", "--not-run-in", str(tmp_path / "none.json")]) == 2
+
+
 def test_a_red_unmutated_tree_stops_the_run(tool, monkeypatch, capsys):
     monkeypatch.setattr(tool.mutate, "run_mutant", _Runs(tool.mutate, {None: "killed"}))
     monkeypatch.chdir(ROOT)
