@@ -1,6 +1,6 @@
 """MoE and MXFP4 past 2^31 elements: the index casts tests/test_large_offsets.py's MoE cases leave
-unreached (the router's expert columns and bias, one expert's weight rows, the MXFP4 code and scale
-columns, quantize_mxfp4's rows, moe_permute's chunk counts and sentinel fill).
+unreached (the router's expert columns and bias, one expert's weight rows, an expert's weights, the MXFP4
+code and scale columns, quantize_mxfp4's rows, moe_permute's chunk counts and sentinel fill).
 
 A stride below 2^31 is passed to a kernel as an int32 argument, so an int32 index times it wraps
 once the product passes 2^31 (to the product minus 2^32): only the kernels' int64 casts keep these
@@ -120,6 +120,36 @@ def test_moe_reads_weight_rows_past_2_31_elements(backend, budgets):
     tail = {"x": x, "w13": w13.contiguous(), "w2": w2.contiguous(), "topk_ids": ids, "topk_weights": tw}
     _judge_tail("moe", (y,), tail, budgets.get("moe", "float16", backend.name), f"rows 31 at {31 * S} elements")
     del storage, w13, w2
+    _release(backend)
+
+
+# moe: an expert's weights past 2^31 elements. w13 [3, 32, 32] with an expert stride S = 2^30 + 16 (an
+# int32 argument) in one fp16 storage: expert 2 starts 2 S = 2^31 + 32 elements in, which only the int64
+# expert index of _weight_tile (`e.to(tl.int64) * s0`, moe.py:366: f0ae6c2143 and its int32 twin) reaches.
+# Every token goes to expert 2; w2 is contiguous. On a GPU the wrapped address holds zeros. 4 GiB of
+# storage on the interpreter, 8 on a GPU.
+@pytest.mark.op("moe")
+def test_moe_reads_an_expert_past_2_31_elements(backend, budgets):
+    from harness.ops.moe import float_weights
+    from kernels.moe import _moe_gemv_route, _use_tma
+
+    dev, g = backend.device, torch.Generator().manual_seed(28)
+    T, H, I, E = 8, 32, 16, 3
+    S = 2**30 + 16
+    storage, at = _storage(backend, 2 * S, 2 * S + 2 * I * H, torch.float16)
+    w13 = storage.as_strided((E, 2 * I, H), (S, H, 1), at)
+    a, b = float_weights((T, H, I, E), g)
+    w13.copy_(a.half().to(dev))
+    w2 = b.half().to(dev)
+    _poison(storage, at, 2 * I * H, 0.0)                 # what an int32 expert index reads on a GPU
+    x = torch.randn(T, H, generator=g).half().to(dev)
+    ids = torch.full((T, 1), 2, dtype=torch.int32, device=dev)
+    tw = torch.rand(T, 1, generator=g).add_(0.5).to(dev)
+    assert not _use_tma(x, w13, w2, T, 1, E, None) and not _moe_gemv_route(T, 1, E, None), "not the pointer GEMMs"
+    y = kernels.moe(x, w13, w2, ids, tw)
+    tail = {"x": x, "w13": w13.contiguous(), "w2": w2, "topk_ids": ids, "topk_weights": tw}
+    _judge_tail("moe", (y,), tail, budgets.get("moe", "float16", backend.name), f"expert 2 at {2 * S} elements")
+    del storage, w13
     _release(backend)
 
 
