@@ -100,6 +100,42 @@ def test_fused_linear_cross_entropy_dh_partials_past_2_31_elements(op, dtype, co
     torch.cuda.empty_cache()
 
 
+# flash_attention_backward's key and value loads: k and v interleaved in one fp16 storage, row j of both
+# S = 2^24 + 16 elements in (an int32 stride; v's D elements beside k's), Tk = 136: keys 128..135 start past
+# 2^31 elements, which only the kernels' int64 keys reach (_attn_bwd_kv_kernel's `keys[:, None].to(tl.int64)
+# * sk_t` and `* sv_t`: 2c6728b1b5 and its siblings). A key tile of the dq kernel (32 rows on a GPU, 64 on
+# the interpreter) spans less than 2^31 elements, so the launcher takes k and v as they are (it copies
+# larger ones). On the interpreter the lane guard raises on a wrapped address; on a GPU the storage begins
+# where key j wraps to ((j - 128) S elements in, tests/test_large_offsets_moe.py's _storage), and those
+# rows hold zeros. 4.5 GB of storage on the interpreter, 8.8 on a GPU; 2 query heads of 16 queries on
+# the one KV head, not causal.
+@pytest.mark.op("flash_attention_backward")
+def test_flash_attention_backward_reads_keys_past_2_31_elements(backend, budgets):
+    import oracles
+    from test_large_offsets_moe import _storage
+
+    dev, g = backend.device, torch.Generator().manual_seed(29)
+    D, Hq, Tq, Tk, S = 64, 2, 16, 136, 2**24 + 16
+    storage, at = _storage(backend, 128 * S, (Tk - 1) * S + 2 * D, torch.float16)
+    k = storage.as_strided((1, Tk, 1, D), (Tk * S, S, D, 1), at)
+    v = storage.as_strided((1, Tk, 1, D), (Tk * S, S, D, 1), at + D)
+    for t in (k, v):
+        t.copy_(torch.randn(1, Tk, 1, D, generator=g).half().to(dev))
+    if at:                                               # what int32 keys read on a GPU
+        for j in range(128, Tk):
+            storage[(j - 128) * S:(j - 128) * S + 2 * D] = 0.0
+    q, do = (torch.randn(1, Tq, Hq, D, generator=g).half().to(dev) for _ in range(2))
+    dense = {"k": k.contiguous(), "v": v.contiguous()}
+    o, lse = oracles.flash_attention(q, dense["k"], dense["v"], False)
+    assert k.stride(1) * 128 >= 2**31 and k.stride(1) * 64 < 2**31
+    dq, dk, dv = kernels.flash_attention_backward(q, k, v, o.half(), lse.float().contiguous(), do)
+    inputs = {"q": q, **dense, "causal": False, "scale": None, "cu_seqlens_q": None, "cu_seqlens_k": None, "do": do}
+    _judge_tail("flash_attention_backward", (dq, dk, dv), inputs, budgets.get("flash_attention_backward", "float16",
+                                                                              backend.name), f"key stride {S}")
+    del storage, k, v
+    _release(backend)
+
+
 # flash_attention_backward's dk/dv store: keys x dk's token stride (Hkv D: dk and dv are contiguous,
 # the launcher's or out='s) passes 2^31 only in a sequence of more than 2^31 / (Hkv D) keys, so
 # the smallest such case has one KV head of D 256 and 2^23 + 64 keys: dk and dv 4.3 GB each,
