@@ -100,6 +100,12 @@ def test_fused_linear_cross_entropy_dh_partials_past_2_31_elements(op, dtype, co
     torch.cuda.empty_cache()
 
 
+def _attention_inputs(q, k, v, do) -> dict:
+    """flash_attention_backward's oracle inputs for one dense, non-causal sequence."""
+    return {"q": q, "k": k, "v": v, "causal": False, "scale": None, "cu_seqlens_q": None, "cu_seqlens_k": None,
+            "do": do}
+
+
 # flash_attention_backward's key and value loads: k and v interleaved in one fp16 storage, row j of both
 # S = 2^24 + 16 elements in (an int32 stride; v's D elements beside k's), Tk = 136: keys 128..135 start past
 # 2^31 elements, which only the kernels' int64 keys reach (_attn_bwd_kv_kernel's `keys[:, None].to(tl.int64)
@@ -129,9 +135,8 @@ def test_flash_attention_backward_reads_keys_past_2_31_elements(backend, budgets
     o, lse = oracles.flash_attention(q, dense["k"], dense["v"], False)
     assert k.stride(1) * 128 >= 2**31 and k.stride(1) * 64 < 2**31
     dq, dk, dv = kernels.flash_attention_backward(q, k, v, o.half(), lse.float().contiguous(), do)
-    inputs = {"q": q, **dense, "causal": False, "scale": None, "cu_seqlens_q": None, "cu_seqlens_k": None, "do": do}
-    _judge_tail("flash_attention_backward", (dq, dk, dv), inputs, budgets.get("flash_attention_backward", "float16",
-                                                                              backend.name), f"key stride {S}")
+    _judge_tail("flash_attention_backward", (dq, dk, dv), _attention_inputs(q, dense["k"], dense["v"], do),
+                budgets.get("flash_attention_backward", "float16", backend.name), f"key stride {S}")
     del storage, k, v
     _release(backend)
 
@@ -169,8 +174,7 @@ def test_flash_attention_backward_writes_keys_past_2_31_elements(op, dtype, conf
     k, v = windows(step * (Tk - J)), windows(0)
     q = (1.0 + 0.5 * torch.randn(1, Tq, Hq, D, generator=g)).half().to(dev)
     do = torch.randn(1, Tq, Hq, D, generator=g).half().to(dev)
-    last = {"q": q, "k": k[:, -tail:].contiguous(), "v": v[:, -tail:].contiguous(), "causal": False, "scale": None,
-            "cu_seqlens_q": None, "cu_seqlens_k": None, "do": do}
+    last = _attention_inputs(q, k[:, -tail:].contiguous(), v[:, -tail:].contiguous(), do)
     o, lse = oracles.flash_attention(q, last["k"], last["v"], False)
     dq, dk, dv = kernels.flash_attention_backward(q, k, v, o.half(), lse.float().contiguous(), do)
     assert dk.is_contiguous() and dk.stride(1) * (Tk - J) >= 2**31
@@ -205,9 +209,8 @@ def test_flash_attention_backward_reads_lse_rows_past_2_31_elements(op, dtype, c
     lse_view.copy_(lse.float().reshape(1, 1, tq))
     assert config != "huge" or lse_view.stride(2) * (tq - 1) >= 2**31
     dq, dk, dv = kernels.flash_attention_backward(q, k, v, o.half(), lse_view, do)
-    inputs = {"q": q, "k": k, "v": v, "causal": False, "scale": None, "cu_seqlens_q": None, "cu_seqlens_k": None,
-              "do": do}
-    _judge_tail(op, (dq, dk, dv), inputs, budgets.get(op, dtype, backend.name), f"lse token stride {stride}")
+    _judge_tail(op, (dq, dk, dv), _attention_inputs(q, k, v, do), budgets.get(op, dtype, backend.name),
+                f"lse token stride {stride}")
     del lse_view, dq, dk, dv
     _release(backend)
 
@@ -328,11 +331,7 @@ def test_rmsnorm_rope_backward_writes_tokens_past_2_31_elements(op, dtype, confi
 def test_rmsnorm_rope_backward_writes_heads_past_2_31_elements(op, dtype, config, H, D, backend, budgets):
     assert config != "huge" or backend.name == "gpu", \
         "65534 programs of 32770-element heads in the interpreter (declared gap interp-huge-rows)"
-    _rmsnorm_rope_last_head(op, dtype, backend, budgets, H=H, D=D, rotary_dim=64)
-
-
-def _rmsnorm_rope_last_head(op, dtype, backend, budgets, H, D, rotary_dim):
-    dev, g = backend.device, torch.Generator().manual_seed(28)
+    dev, g, rotary_dim = backend.device, torch.Generator().manual_seed(28), 64
     dy = torch.empty(1, 1, H, D, dtype=torch.float16, device=dev)
     x = torch.empty(1, 1, H, D, dtype=torch.float16, device=dev)
     for t in (dy, x):
